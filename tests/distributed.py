@@ -1,0 +1,86 @@
+"""Run a test function on several CPU processes joined by a gloo process group.
+
+`run_distributed(fn, world_size, *args)` spawns `world_size` processes, initialises
+`torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns the list
+of per-rank return values (which must be picklable). An exception on any rank fails the call
+with that rank's traceback, so a broken collective cannot hang the suite silently.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from queue import Empty
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn, args, queue):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        DS_ACCELERATOR="cpu",
+    )
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # noqa: BLE001 - report every failure to the parent
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
+    """Call `fn(rank, world_size, *args)` on `world_size` gloo ranks; return results by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    failures = []
+    deadline = time.monotonic() + timeout
+    # Drain the queue before joining: a rank blocks on a large result until it is read.
+    while len(results) + len(failures) < world_size:
+        if time.monotonic() > deadline:
+            failures.append(f"not every rank finished within {timeout:.0f} s")
+            break
+        try:
+            rank, ok, payload = queue.get(timeout=1.0)
+        except Empty:
+            if not any(p.is_alive() for p in procs) and queue.empty():
+                failures.append("a rank exited without reporting (crashed?)")
+                break
+            continue
+        if ok:
+            results[rank] = payload
+        else:
+            failures.append(f"rank {rank} failed:\n{payload}")
+    for p in procs:
+        p.join(5 if failures else timeout)
+        if p.is_alive():
+            p.kill()
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return [results[r] for r in range(world_size)]
