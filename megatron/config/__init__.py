@@ -1,0 +1,23 @@
+"""Config system: typed groups, loader, validation, derived values, DeepSpeed export."""
+
+from megatron.config.bundle import config_from_argv, decode_bundle, encode_bundle
+from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
+from megatron.config.derive import pad_vocab_size
+from megatron.config.ds_export import deepspeed_config
+from megatron.config.resolve import config_from_dict, load_config, resolve_settings
+from megatron.config.schema import ConfigError
+
+__all__ = [
+    "GROUPS",
+    "KEY_TO_GROUP",
+    "Config",
+    "ConfigError",
+    "config_from_argv",
+    "config_from_dict",
+    "decode_bundle",
+    "deepspeed_config",
+    "encode_bundle",
+    "load_config",
+    "pad_vocab_size",
+    "resolve_settings",
+]

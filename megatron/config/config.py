@@ -1,0 +1,130 @@
+"""The resolved, frozen config: one attribute per concern, flat keys in files.
+
+`cfg.model.hidden_size`, `cfg.parallel.pipe_parallel_size`, ... Every key belongs to exactly
+one group (`KEY_TO_GROUP`, guarded by a test). `to_dict`/`from_dict` give the flat mapping
+that travels to the workers as the config bundle, derived values included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron.config.checkpointing import CheckpointingConfig
+from megatron.config.data import DataConfig
+from megatron.config.deepspeed import DeepSpeedConfig
+from megatron.config.generation import GenerationConfig
+from megatron.config.launcher import LauncherConfig
+from megatron.config.logging import LoggingConfig
+from megatron.config.lr import LRConfig
+from megatron.config.model import ModelConfig
+from megatron.config.optimizer import OptimizerConfig
+from megatron.config.parallel import ParallelConfig
+from megatron.config.precision import PrecisionConfig
+from megatron.config.tokenizer import TokenizerConfig
+from megatron.config.training import TrainingConfig
+
+GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "optimizer": OptimizerConfig,
+    "lr": LRConfig,
+    "precision": PrecisionConfig,
+    "data": DataConfig,
+    "tokenizer": TokenizerConfig,
+    "training": TrainingConfig,
+    "checkpointing": CheckpointingConfig,
+    "logging": LoggingConfig,
+    "launcher": LauncherConfig,
+    "generation": GenerationConfig,
+    "deepspeed": DeepSpeedConfig,
+}
+
+
+def _key_to_group() -> dict[str, str]:
+    owners: dict[str, str] = {}
+    for group, cls in GROUPS.items():
+        for f in dataclasses.fields(cls):
+            if f.name in owners:
+                raise RuntimeError(
+                    f"config key '{f.name}' is declared in both '{owners[f.name]}' and '{group}'"
+                )
+            owners[f.name] = group
+    return owners
+
+
+KEY_TO_GROUP: dict[str, str] = _key_to_group()
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole resolved configuration of a run. Frozen: run state lives elsewhere."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr: LRConfig = field(default_factory=LRConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    unimplemented: dict[str, Any] = field(default_factory=dict)
+    """GPT-NeoX keys that were accepted but have no effect here (kept for the record)."""
+    config_files: tuple[str, ...] = ()
+    """The files this config was merged from, in order."""
+
+    def get(self, key: str) -> Any:
+        """A value by its flat key name, e.g. `cfg.get("hidden_size")`."""
+        return getattr(getattr(self, KEY_TO_GROUP[key]), key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat `{key: value}` of every field, derived ones included (JSON-serialisable)."""
+        flat: dict[str, Any] = {}
+        for group in GROUPS:
+            flat.update(dataclasses.asdict(getattr(self, group)))
+        flat["unimplemented"] = dict(self.unimplemented)
+        flat["config_files"] = list(self.config_files)
+        return _jsonable(flat)
+
+    @classmethod
+    def from_dict(cls, flat: dict[str, Any]) -> Config:
+        """Rebuild a resolved config from `to_dict` output (no re-validation)."""
+        groups = {}
+        for name, group_cls in GROUPS.items():
+            names = {f.name for f in dataclasses.fields(group_cls)}
+            values = {k: _tuple_if_needed(group_cls, k, v) for k, v in flat.items() if k in names}
+            groups[name] = group_cls(**values)
+        return cls(
+            **groups,
+            unimplemented=dict(flat.get("unimplemented", {})),
+            config_files=tuple(flat.get("config_files", ())),
+        )
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with flat keys changed, e.g. `cfg.replace(train_iters=10)`."""
+        by_group: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            by_group.setdefault(KEY_TO_GROUP[key], {})[key] = value
+        return dataclasses.replace(
+            self,
+            **{g: dataclasses.replace(getattr(self, g), **kv) for g, kv in by_group.items()},
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _tuple_if_needed(group_cls: type, key: str, value: Any) -> Any:
+    default = {f.name: f.default for f in dataclasses.fields(group_cls)}[key]
+    return tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value

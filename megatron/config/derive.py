@@ -1,0 +1,212 @@
+"""Derived values of the resolved config: computed once, at resolution, then frozen.
+
+Batch arithmetic (any two of global batch, micro batch and gradient accumulation give the
+third), data-parallel size, padded vocabulary, LR warm-up/decay iterations, the precision
+dtype, the ZeRO stage, the canonical optimizer and the per-layer attention types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from megatron.config.config import Config
+from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.schema import ConfigError
+
+
+def _src(sources: dict[str, str], *keys: str) -> str:
+    found = [f"{k} in {sources[k]}" for k in keys if k in sources]
+    return f" ({'; '.join(found)})" if found else ""
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
+    """Smallest multiple of `divisible_by * tp_size` that is at least `vocab_size`."""
+    multiple = max(1, divisible_by) * max(1, tp_size)
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def derive_parallel(cfg: Config, sources: dict[str, str], world_size: int | None):
+    p = cfg.parallel
+    world = world_size or p.world_size or 1
+    stages = max(1, p.pipe_parallel_size)
+    if p.model_parallel_size < 1 or p.pipe_parallel_size < 0:
+        raise ConfigError(
+            f"model_parallel_size must be >= 1 and pipe_parallel_size >= 0{_src(sources, 'model_parallel_size', 'pipe_parallel_size')}"  # noqa: E501
+        )
+    model_ranks = stages * p.model_parallel_size
+    if world % model_ranks:
+        raise ConfigError(
+            f"world size {world} is not divisible by pipe_parallel_size × model_parallel_size "
+            f"= {stages} × {p.model_parallel_size} = {model_ranks}"
+            f"{_src(sources, 'pipe_parallel_size', 'model_parallel_size', 'num_gpus')}; "
+            f"use a number of ranks that is a multiple of {model_ranks}"
+        )
+    zero = p.zero_optimization or {}
+    stage = zero.get("stage", 0)
+    if not isinstance(stage, int) or isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(
+            f"zero_optimization.stage{_src(sources, 'zero_optimization')}: {stage!r} is not "
+            "valid; expected one of 0, 1, 2, 3"
+        )
+    return dataclasses.replace(
+        p, world_size=world, data_parallel_size=world // model_ranks, zero_stage=stage
+    )
+
+
+def derive_batch(cfg: Config, sources: dict[str, str], dp: int):
+    t = cfg.training
+    gbs, mbs, gas = (
+        t.train_batch_size,
+        t.train_micro_batch_size_per_gpu,
+        t.gradient_accumulation_steps,
+    )
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    for key, value in zip(keys, (gbs, mbs, gas)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}{_src(sources, key)} must be >= 1, got {value}")
+    if gbs is None and mbs is None:
+        raise ConfigError(
+            "set train_micro_batch_size_per_gpu or train_batch_size (global batch = micro batch "
+            "× gradient_accumulation_steps × data-parallel size)"
+        )
+    if gbs is not None and mbs is not None and gas is not None:
+        if gbs != mbs * gas * dp:
+            raise ConfigError(
+                f"inconsistent batch sizes{_src(sources, *keys)}: train_batch_size {gbs} != "
+                f"train_micro_batch_size_per_gpu {mbs} × gradient_accumulation_steps {gas} × "
+                f"data-parallel size {dp} = {mbs * gas * dp}; set any two and the third is "
+                "derived"
+            )
+    elif gbs is not None and mbs is not None:
+        if gbs % (mbs * dp):
+            raise ConfigError(
+                f"train_batch_size {gbs} is not divisible by train_micro_batch_size_per_gpu {mbs}"
+                f" × data-parallel size {dp} = {mbs * dp}{_src(sources, *keys[:2])}"
+            )
+        gas = gbs // (mbs * dp)
+    elif gbs is not None:
+        gas = gas or 1
+        if gbs % (gas * dp):
+            raise ConfigError(
+                f"train_batch_size {gbs} is not divisible by gradient_accumulation_steps {gas} × "
+                f"data-parallel size {dp} = {gas * dp}{_src(sources, keys[0], keys[2])}"
+            )
+        mbs = gbs // (gas * dp)
+    else:
+        gas = gas or 1
+        gbs = mbs * gas * dp
+    return dataclasses.replace(
+        t, train_batch_size=gbs, train_micro_batch_size_per_gpu=mbs, gradient_accumulation_steps=gas
+    )
+
+
+def derive_precision(cfg: Config, sources: dict[str, str], warn: list[str]):
+    pr = cfg.precision
+    fp16_on = bool(pr.fp16 and pr.fp16.get("enabled", True))
+    bf16_on = bool(pr.bf16 and pr.bf16.get("enabled", True))
+    named = {"fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16", "fp32": "fp32"}.get(
+        pr.precision or ""
+    )
+    if fp16_on and bf16_on:
+        raise ConfigError(f"fp16 and bf16 are both enabled{_src(sources, 'fp16', 'bf16')}")
+    from_sections = "fp16" if fp16_on else "bf16" if bf16_on else None
+    if named and from_sections and named != from_sections:
+        raise ConfigError(
+            f"precision '{pr.precision}' contradicts the enabled {from_sections} section"
+            f"{_src(sources, 'precision', from_sections)}"
+        )
+    return dataclasses.replace(pr, dtype=named or from_sections or "fp32")
+
+
+def derive_optimizer(cfg: Config, sources: dict[str, str]):
+    o = cfg.optimizer
+    section = o.optimizer or {"type": "Adam", "params": {}}
+    raw_type = str(section.get("type", "Adam"))
+    canonical = {t.lower(): t for t in OPTIMIZER_TYPES}.get(raw_type.lower())
+    if canonical is None:
+        raise ConfigError(
+            f"optimizer.type{_src(sources, 'optimizer')}: '{raw_type}' is not valid; expected one "
+            f"of {', '.join(OPTIMIZER_TYPES)}"
+        )
+    params = dict(section.get("params") or {})
+    lr = o.lr if o.lr is not None else params.get("lr")
+    params.pop("lr", None)
+    if lr is None:
+        raise ConfigError("no learning rate: set optimizer.params.lr (or lr)")
+    return dataclasses.replace(o, lr=float(lr), optimizer_type=canonical, optimizer_params=params)
+
+
+def derive_lr(cfg: Config, sources: dict[str, str]):
+    lr, iters = cfg.lr, cfg.training.train_iters
+    if lr.lr_decay_iters is not None:
+        decay = lr.lr_decay_iters
+    elif lr.lr_decay_fraction is not None and iters:
+        decay = int(lr.lr_decay_fraction * iters)
+    else:
+        decay = iters or 0
+    warmup = int(lr.warmup * decay) if lr.warmup < 1 else int(lr.warmup)
+    return dataclasses.replace(
+        lr, lr_decay_iters=decay or None, decay_iters=decay, warmup_iters=warmup
+    )
+
+
+def expand_attention_config(attention_config, num_layers: int, source: str = "") -> tuple:
+    """GPT-NeoX `[[["global", "flash"], 6]]` → one type per layer (pattern × count)."""
+    if not attention_config:
+        return ("global",) * num_layers
+    if all(isinstance(item, str) for item in attention_config):
+        types = list(attention_config)
+    else:
+        types = []
+        for item in attention_config:
+            if not (isinstance(item, list | tuple) and len(item) == 2):
+                raise ConfigError(f"attention_config{source}: entry {item!r} is not [types, count]")
+            pattern, count = list(item[0]), item[1]
+            if count == "all":
+                count = num_layers // len(pattern)
+            types.extend(pattern * int(count))
+    if len(types) != num_layers:
+        raise ConfigError(
+            f"attention_config{source} gives {len(types)} layers but num_layers is {num_layers}"
+        )
+    return tuple(types)
+
+
+def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
+    m = cfg.model
+    padded = m.padded_vocab_size
+    if vocab_size is not None:
+        padded = pad_vocab_size(
+            vocab_size, cfg.tokenizer.make_vocab_size_divisible_by, cfg.parallel.model_parallel_size
+        )
+    types = m.layer_attention_types
+    if m.num_layers:
+        types = expand_attention_config(
+            m.attention_config, m.num_layers, _src(sources, "attention_config")
+        )
+    return dataclasses.replace(
+        m,
+        padded_vocab_size=padded,
+        layer_attention_types=types,
+        max_position_embeddings=m.max_position_embeddings or m.seq_length,
+    )
+
+
+def derive(
+    cfg: Config,
+    sources: dict[str, str],
+    *,
+    world_size: int | None,
+    vocab_size: int | None,
+    warn: list[str],
+) -> Config:
+    cfg = dataclasses.replace(cfg, parallel=derive_parallel(cfg, sources, world_size))
+    cfg = dataclasses.replace(
+        cfg,
+        training=derive_batch(cfg, sources, cfg.parallel.data_parallel_size),
+        precision=derive_precision(cfg, sources, warn),
+        optimizer=derive_optimizer(cfg, sources),
+    )
+    return dataclasses.replace(
+        cfg, lr=derive_lr(cfg, sources), model=derive_model(cfg, sources, vocab_size)
+    )

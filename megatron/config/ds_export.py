@@ -1,0 +1,55 @@
+"""The DeepSpeed config dict of a resolved config."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from megatron.config.config import Config
+from megatron.config.deepspeed import PASSTHROUGH
+from megatron.config.schema import ConfigError
+
+# Optimizers DeepSpeed must build itself (from the `optimizer` section); the rest are built by
+# the trainer and handed to `deepspeed.initialize`.
+DEEPSPEED_BUILT_OPTIMIZERS = {"OneBitAdam": "OneBitAdam"}
+
+
+def deepspeed_config(cfg: Config) -> dict[str, Any]:
+    """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args."""
+    t, p, pr, o = cfg.training, cfg.parallel, cfg.precision, cfg.optimizer
+    ds: dict[str, Any] = {
+        "train_batch_size": t.train_batch_size,
+        "train_micro_batch_size_per_gpu": t.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "gradient_clipping": o.gradient_clipping,
+        "steps_per_print": cfg.logging.steps_per_print,
+        "wall_clock_breakdown": cfg.logging.wall_clock_breakdown,
+        "zero_optimization": copy.deepcopy(p.zero_optimization or {"stage": 0}),
+        "zero_allow_untested_optimizer": p.zero_allow_untested_optimizer,
+    }
+    if pr.dtype == "fp16":
+        ds["fp16"] = {**(pr.fp16 or {}), "enabled": True}
+    elif pr.dtype == "bf16":
+        ds["bf16"] = {**(pr.bf16 or {}), "enabled": True}
+        if p.pipe_parallel_size >= 1 and cfg.deepspeed.data_types is None:
+            # The pipeline engine accumulates micro-batch gradients; do it in fp32.
+            ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    if pr.fp32_allreduce:
+        ds["fp32_allreduce"] = True
+    if o.optimizer_type in DEEPSPEED_BUILT_OPTIMIZERS:
+        ds["optimizer"] = {
+            "type": DEEPSPEED_BUILT_OPTIMIZERS[o.optimizer_type],
+            "params": {"lr": o.lr, "weight_decay": o.weight_decay, **o.optimizer_params},
+        }
+    for key in PASSTHROUGH:
+        value = getattr(cfg.deepspeed, key)
+        if value is not None:
+            ds[key] = copy.deepcopy(value)
+    for key, value in (cfg.deepspeed.deepspeed_extra_args or {}).items():
+        if key in ds:
+            raise ConfigError(
+                f"deepspeed_extra_args sets '{key}', which is already set from the config "
+                f"(value {ds[key]!r}); set it in one place only"
+            )
+        ds[key] = copy.deepcopy(value)
+    return ds

@@ -1,0 +1,48 @@
+"""How `deepy.py` starts the workers (`cfg.launcher`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    launcher: Literal["pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm", "jsrun"] = "pdsh"
+    """Multi-node launcher of the DeepSpeed runner."""
+
+    deepspeed_slurm: bool = False
+    """Workers take rank, world size and master address from SLURM's environment."""
+
+    deepspeed_mpi: bool = False
+    """Workers take rank and world size from the MPI environment (OpenMPI, MPICH, MVAPICH)."""
+
+    hostfile: str | None = None
+    """DeepSpeed hostfile (`host slots=N` per line)."""
+
+    include: str | None = None
+    """Hosts/devices to use, e.g. `worker-0:0,1@worker-1`."""
+
+    exclude: str | None = None
+    """Hosts/devices to leave out, same syntax as `include`."""
+
+    num_nodes: int = -1
+    """Nodes to use from the hostfile (-1: all)."""
+
+    num_gpus: int | None = None
+    """Workers per node (GPUs; CPU ranks without GPUs, default 1)."""
+
+    master_port: int = 29500
+    """Rendezvous port."""
+
+    master_addr: str | None = None
+    """Rendezvous address (default: the first host)."""
+
+    force_multi: bool = False
+    """Use the multi-node launcher even for one node."""
+
+    comment: str | None = None
+    """SLURM job comment passed to srun."""
+
+    account: str | None = None
+    """SLURM account passed to srun."""

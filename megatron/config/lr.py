@@ -1,0 +1,47 @@
+"""Learning-rate schedule settings (`cfg.lr`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.config.schema import derived
+
+
+@dataclass(frozen=True)
+class LRConfig:
+    lr_decay_style: Literal[
+        "constant", "linear", "cosine", "exponential", "inverse_sqrt", "wsd"
+    ] = "linear"
+    """Shape of the decay after warm-up; `wsd` is warm-up-stable-decay."""
+
+    lr_decay_iters: int | None = None
+    """Iterations over which the LR decays; default `lr_decay_fraction` × train_iters, or
+    train_iters."""
+
+    lr_decay_fraction: float | None = None
+    """Decay over this fraction of the training iterations (instead of `lr_decay_iters`)."""
+
+    warmup: float = 0.01
+    """Warm-up length: a fraction of the decay iterations when below 1, else iterations."""
+
+    min_lr: float = 0.0
+    """Learning rate reached at the end of the decay."""
+
+    wsd_decay_fraction: float = 0.1
+    """For `wsd`: fraction of the decay iterations spent in the final decay."""
+
+    wsd_decay_style: Literal["linear", "cosine", "exponential", "inverse_sqrt"] = "linear"
+    """For `wsd`: shape of the final decay."""
+
+    override_lr_scheduler: bool = False
+    """On resume, use the schedule settings of the config, not those in the checkpoint."""
+
+    use_checkpoint_lr_scheduler: bool = False
+    """On resume, use the schedule settings stored in the checkpoint."""
+
+    warmup_iters: int = derived(0)
+    """Warm-up iterations (derived from `warmup`)."""
+
+    decay_iters: int = derived(0)
+    """Decay iterations (derived)."""

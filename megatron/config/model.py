@@ -1,0 +1,164 @@
+"""Model architecture settings (`cfg.model`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from megatron.config.schema import derived
+
+InitMethod = Literal[
+    "normal",
+    "scaled_normal",
+    "orthogonal",
+    "scaled_orthogonal",
+    "xavier_uniform",
+    "xavier_normal",
+    "wang_init",
+    "small_init",
+    "single_residual_scaled_normal",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int | None = None
+    """Number of transformer layers."""
+
+    hidden_size: int | None = None
+    """Transformer hidden size (width of the residual stream)."""
+
+    num_attention_heads: int | None = None
+    """Number of attention (query) heads."""
+
+    num_kv_heads: int | None = None
+    """Number of key/value heads for grouped-query attention; null means one per query head."""
+
+    seq_length: int | None = None
+    """Training sequence length in tokens."""
+
+    max_position_embeddings: int | None = None
+    """Largest position the positional encoding supports; defaults to `seq_length`."""
+
+    norm: Literal["layernorm", "rmsnorm", "scalenorm", "non_parametric_layernorm"] = "layernorm"
+    """Normalisation layer."""
+
+    layernorm_epsilon: float = 1.0e-5
+    """Epsilon of layernorm."""
+
+    rms_norm_epsilon: float = 1.0e-8
+    """Epsilon of rmsnorm."""
+
+    scalenorm_epsilon: float = 1.0e-8
+    """Epsilon of scalenorm."""
+
+    pos_emb: Literal["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"] = "learned"
+    """Positional encoding."""
+
+    rotary_pct: float = 1.0
+    """Fraction of each head's dimensions that rotary embeddings rotate (0 < pct <= 1)."""
+
+    rotary_emb_base: int = 10000
+    """Base of the rotary embedding frequencies."""
+
+    no_weight_tying: bool = False
+    """Untie the input embedding and the output head (separate weights)."""
+
+    gpt_j_residual: bool = False
+    """Parallel residual (GPT-J/NeoX): attention and MLP read the same input and are summed."""
+
+    gpt_j_tied: bool = False
+    """With `gpt_j_residual`, use one shared norm for attention and MLP."""
+
+    activation: Literal["gelu", "geglu", "swiglu", "silu", "relu", "reglu", "relu_squared"] = "gelu"
+    """MLP activation; the gated variants (geglu, swiglu, reglu) use two input projections."""
+
+    intermediate_size: int | None = None
+    """MLP inner size; default 4 × hidden (scaled by 2/3 for gated activations)."""
+
+    mlp_multiple_of: int = 1
+    """Round the default MLP inner size up to a multiple of this (Llama uses 256)."""
+
+    init_method: InitMethod = "normal"
+    """Initialisation of the input projections and embeddings."""
+
+    output_layer_init_method: InitMethod = "scaled_normal"
+    """Initialisation of the layers that write into the residual stream."""
+
+    init_method_std: float = 0.02
+    """Standard deviation of the normal initialisations."""
+
+    use_bias_in_norms: bool = True
+    """Norm layers carry a bias."""
+
+    use_bias_in_attn_linear: bool = True
+    """Attention projections carry biases."""
+
+    use_bias_in_mlp: bool = True
+    """MLP projections carry biases."""
+
+    hidden_dropout: float = 0.0
+    """Dropout on the outputs of attention and MLP."""
+
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities."""
+
+    attention_config: list[Any] | None = None
+    """Attention type per layer as GPT-NeoX writes it, e.g. `[[["global"], 12]]`. Types:
+    `global` (masked softmax; fused kernel when `scaled_upper_triang_masked_softmax_fusion`),
+    `flash` or `sdpa` (torch scaled_dot_product_attention). Default: all `global`."""
+
+    scaled_upper_triang_masked_softmax_fusion: bool = False
+    """Use the fused CUDA causal scale-mask-softmax kernel where it applies."""
+
+    scaled_masked_softmax_fusion: bool = False
+    """Use the fused CUDA scale-mask-softmax kernel for explicit masks where it applies."""
+
+    rope_fusion: bool = False
+    """Use the fused CUDA rotary embedding kernel where it applies."""
+
+    bias_gelu_fusion: bool = False
+    """Fuse the MLP bias add into the gelu (TorchScript/compiled elementwise kernel)."""
+
+    bias_dropout_fusion: bool = False
+    """Fuse bias add, dropout and residual add."""
+
+    attention_softmax_in_fp32: bool = False
+    """Compute the attention softmax in fp32 when training in fp16/bf16."""
+
+    apply_query_key_layer_scaling: bool = False
+    """Scale attention scores down by the layer number before softmax (fp16 stability)."""
+
+    use_qk_layernorm: bool = False
+    """Normalise queries and keys before the dot product."""
+
+    checkpoint_activations: bool = False
+    """Recompute activations in the backward pass (activation checkpointing)."""
+
+    checkpoint_num_layers: int = 1
+    """Transformer layers per activation checkpoint."""
+
+    partition_activations: bool = False
+    """Shard checkpointed activations across tensor-parallel ranks."""
+
+    contiguous_checkpointing: bool = False
+    """Copy checkpointed activations into contiguous memory."""
+
+    checkpoint_in_cpu: bool = False
+    """Move checkpointed activations to CPU memory."""
+
+    synchronize_each_layer: bool = False
+    """Synchronise the device at the start and end of each checkpointed layer."""
+
+    profile_backward: bool = False
+    """Time the backward pass of checkpointed layers."""
+
+    fp16_lm_cross_entropy: bool = False
+    """Compute the output cross entropy in fp16 instead of fp32."""
+
+    padded_vocab_size: int | None = derived()
+    """Vocabulary size padded to a multiple of `make_vocab_size_divisible_by` × tensor-parallel
+    size (derived from the tokenizer)."""
+
+    layer_attention_types: tuple[str, ...] = derived(())
+    """Attention type of each layer, expanded from `attention_config` (derived)."""

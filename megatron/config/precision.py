@@ -1,0 +1,31 @@
+"""Numeric precision settings (`cfg.precision`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from megatron.config.schema import derived
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    precision: Literal["fp16", "bfloat16", "bf16", "fp32"] | None = None
+    """Training precision. Inferred from `fp16`/`bf16` when those are enabled; `fp16` here
+    without an `fp16` section uses DeepSpeed's default dynamic loss scaling."""
+
+    fp16: dict[str, Any] | None = None
+    """DeepSpeed fp16 section: `enabled`, `loss_scale` (0 = dynamic), `initial_scale_power`,
+    `loss_scale_window`, `hysteresis`, `min_loss_scale`."""
+
+    bf16: dict[str, Any] | None = None
+    """DeepSpeed bf16 section: `enabled`, ...."""
+
+    fp32_allreduce: bool = False
+    """All-reduce gradients in fp32."""
+
+    max_consecutive_skipped_steps: int = 50
+    """Stop the run with an explanation after this many consecutive overflowing fp16 steps."""
+
+    dtype: Literal["fp16", "bf16", "fp32"] = derived("fp32")
+    """Resolved parameter dtype (derived)."""

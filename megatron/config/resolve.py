@@ -1,0 +1,126 @@
+"""Turn merged settings into the validated, derived, frozen `Config`.
+
+Order: map GPT-NeoX renames and unimplemented keys (warnings), reject unknown keys with a
+did-you-mean, check each value against its field's type, build the groups, derive values
+(batch arithmetic, data-parallel size, padded vocab, LR iterations, precision), then run the
+cross-field validation in `validate.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+from pathlib import Path
+from typing import Any
+
+from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
+from megatron.config.derive import derive
+from megatron.config.loader import Setting, apply_overrides, load_files
+from megatron.config.neox_keys import DERIVED_IN_NEOX, RENAMED, UNIMPLEMENTED
+from megatron.config.schema import ConfigError, coerce, field_types, is_derived
+from megatron.config.validate import validate
+
+log = logging.getLogger("megatron.config")
+
+
+def _did_you_mean(key: str) -> str:
+    known = list(KEY_TO_GROUP) + list(RENAMED) + sorted(UNIMPLEMENTED)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _map_neox_keys(
+    settings: dict[str, Setting], warn: list[str]
+) -> tuple[dict[str, Setting], dict[str, Any]]:
+    """Apply renames; split off accepted-but-unimplemented keys; reject unknown keys."""
+    mapped: dict[str, Setting] = {}
+    unimplemented: dict[str, Any] = {}
+    for key, setting in settings.items():
+        if key in RENAMED:
+            new, wrap = RENAMED[key]
+            if new in settings:
+                raise ConfigError(
+                    f"config key '{key}' ({setting.source}) is the old name of '{new}', "
+                    f"which is also set ({settings[new].source}); keep only '{new}'"
+                )
+            value = [setting.value] if wrap and isinstance(setting.value, str) else setting.value
+            warn.append(f"config key '{key}' ({setting.source}) is now called '{new}'; mapped")
+            mapped[new] = Setting(value, setting.source)
+        elif key in DERIVED_IN_NEOX and (key not in KEY_TO_GROUP or _is_derived_key(key)):
+            warn.append(f"config key '{key}' ({setting.source}) is computed, not read; ignored")
+        elif key in UNIMPLEMENTED:
+            warn.append(
+                f"config key '{key}' ({setting.source}) is accepted from GPT-NeoX but not "
+                "implemented here; it has no effect"
+            )
+            unimplemented[key] = setting.value
+        elif key not in KEY_TO_GROUP:
+            raise ConfigError(f"unknown config key '{key}' in {setting.source}{_did_you_mean(key)}")
+        elif _is_derived_key(key):
+            raise ConfigError(
+                f"config key '{key}' ({setting.source}) is derived from other settings and "
+                "cannot be set"
+            )
+        else:
+            mapped[key] = setting
+    return mapped, unimplemented
+
+
+def _is_derived_key(key: str) -> bool:
+    return is_derived(GROUPS[KEY_TO_GROUP[key]], key)
+
+
+def _build_groups(settings: dict[str, Setting]) -> dict[str, Any]:
+    values: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for key, setting in settings.items():
+        group = KEY_TO_GROUP[key]
+        annotation = field_types(GROUPS[group])[key]
+        values[group][key] = coerce(key, setting.value, annotation, setting.source)
+    return {g: GROUPS[g](**kv) for g, kv in values.items()}
+
+
+def resolve_settings(
+    settings: dict[str, Setting],
+    *,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
+    warn: list[str] | None = None,
+) -> Config:
+    """Validate merged settings into a frozen Config; warnings are appended to `warn`."""
+    warnings: list[str] = [] if warn is None else warn
+    mapped, unimplemented = _map_neox_keys(settings, warnings)
+    groups = _build_groups(mapped)
+    sources = {k: s.source for k, s in mapped.items()}
+    files = tuple(dict.fromkeys(s.source for s in settings.values() if s.source != "--set"))
+    cfg = Config(**groups, unimplemented=unimplemented, config_files=files)
+    cfg = derive(cfg, sources, world_size=world_size, vocab_size=vocab_size, warn=warnings)
+    validate(cfg, sources)
+    return cfg
+
+
+def load_config(
+    files: list[str | Path],
+    overrides: list[str] | None = None,
+    *,
+    world_size: int | None = None,
+    vocab_size: int | None = None,
+    warn: list[str] | None = None,
+) -> Config:
+    """Load, merge, validate and derive: the one call `deepy.py` and tools make."""
+    warnings: list[str] = [] if warn is None else warn
+    settings = apply_overrides(load_files([str(f) for f in files]), overrides or [])
+    cfg = resolve_settings(settings, world_size=world_size, vocab_size=vocab_size, warn=warnings)
+    if warn is None:
+        for line in warnings:
+            log.warning(line)
+    return cfg
+
+
+def config_from_dict(flat: dict[str, Any], **kwargs: Any) -> Config:
+    """Resolve a flat `{key: value}` mapping as if it came from one file (used by tests/tools)."""
+    return resolve_settings({k: Setting(v, "<dict>") for k, v in flat.items()}, **kwargs)
+
+
+def field_names() -> list[str]:
+    return [f.name for cls in GROUPS.values() for f in dataclasses.fields(cls)]

@@ -1,0 +1,38 @@
+"""Training-loop settings (`cfg.training`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    train_iters: int | None = None
+    """Optimizer steps to train for."""
+
+    train_epochs: int | None = None
+    """Passes over the training data; sets `train_iters` from the dataset size when given."""
+
+    train_batch_size: int | None = None
+    """Global batch: micro batch × gradient accumulation × data-parallel size."""
+
+    train_micro_batch_size_per_gpu: int | None = None
+    """Samples per rank per forward/backward pass."""
+
+    gradient_accumulation_steps: int | None = None
+    """Micro batches accumulated per optimizer step."""
+
+    seed: int = 1234
+    """Random seed of initialisation, dropout and data order."""
+
+    eval_interval: int = 1000
+    """Evaluate on the validation split every this many iterations (0 disables)."""
+
+    eval_iters: int = 100
+    """Batches per evaluation."""
+
+    exit_interval: int | None = None
+    """Save and exit when the iteration is a multiple of this."""
+
+    do_test: bool = True
+    """Evaluate on the test split at the end of training."""

@@ -1,0 +1,144 @@
+"""Cross-field validation of a resolved config, with errors that say what would be valid."""
+
+from __future__ import annotations
+
+from megatron.config.config import Config
+from megatron.config.schema import ConfigError
+
+# Optimizers DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`.
+ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam", "OneBitAdam")
+
+
+def _src(sources: dict[str, str], *keys: str) -> str:
+    found = [f"{k} in {sources[k]}" for k in keys if k in sources]
+    return f" ({'; '.join(found)})" if found else ""
+
+
+def validate_model(cfg: Config, sources: dict[str, str]) -> None:
+    m, tp = cfg.model, cfg.parallel.model_parallel_size
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        value = getattr(m, key)
+        if value is None:
+            raise ConfigError(f"config key '{key}' is required (a positive integer)")
+        if value < 1:
+            raise ConfigError(f"{key}{_src(sources, key)} must be positive, got {value}")
+    heads = m.num_attention_heads
+    if m.hidden_size % heads:
+        raise ConfigError(
+            f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {heads}"
+            f"{_src(sources, 'hidden_size', 'num_attention_heads')}"
+        )
+    if heads % tp:
+        raise ConfigError(
+            f"num_attention_heads {heads} is not divisible by model_parallel_size {tp}"
+            f"{_src(sources, 'num_attention_heads', 'model_parallel_size')}; choose a tensor-"
+            f"parallel size that divides {heads}"
+        )
+    kv = m.num_kv_heads
+    if kv is not None:
+        if kv < 1 or heads % kv:
+            raise ConfigError(
+                f"num_attention_heads {heads} is not divisible by num_kv_heads {kv}"
+                f"{_src(sources, 'num_kv_heads', 'num_attention_heads')}; num_kv_heads must "
+                f"divide {heads}"
+            )
+        if kv % tp:
+            raise ConfigError(
+                f"num_kv_heads {kv} is not divisible by model_parallel_size {tp}"
+                f"{_src(sources, 'num_kv_heads', 'model_parallel_size')}"
+            )
+    if not 0 < m.rotary_pct <= 1:
+        raise ConfigError(f"rotary_pct{_src(sources, 'rotary_pct')} must be in (0, 1]")
+    if m.max_position_embeddings < m.seq_length and m.pos_emb in ("learned", "sinusoidal"):
+        raise ConfigError(
+            f"seq_length {m.seq_length} exceeds max_position_embeddings "
+            f"{m.max_position_embeddings}{_src(sources, 'seq_length', 'max_position_embeddings')}"
+        )
+    for p in ("hidden_dropout", "attention_dropout"):
+        if not 0 <= getattr(m, p) < 1:
+            raise ConfigError(f"{p}{_src(sources, p)} must be in [0, 1)")
+    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa"})
+    if bad:
+        raise ConfigError(
+            f"attention_config{_src(sources, 'attention_config')}: attention types {bad} are not "
+            "supported; valid: 'global', 'flash', 'sdpa'"
+        )
+
+
+def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
+    p = cfg.parallel
+    if p.zero_stage >= 2 and p.pipe_parallel_size >= 1:
+        raise ConfigError(
+            f"ZeRO stage {p.zero_stage} cannot be combined with the pipeline engine "
+            f"(pipe_parallel_size {p.pipe_parallel_size})"
+            f"{_src(sources, 'zero_optimization', 'pipe_parallel_size')}: DeepSpeed's pipeline "
+            "engine supports ZeRO stages 0 and 1 only; set pipe_parallel_size: 0 to use the "
+            "plain engine"
+        )
+    method = p.pipe_partition_method
+    if not (method in ("parameters", "uniform") or method.startswith("type:")):
+        raise ConfigError(
+            f"pipe_partition_method '{method}'{_src(sources, 'pipe_partition_method')} is not "
+            "valid; expected 'type:transformer' (or another 'type:REGEX'), 'parameters' or "
+            "'uniform'"
+        )
+    opt = cfg.optimizer.optimizer_type
+    untested = opt not in ZERO_TESTED_OPTIMIZERS and not p.zero_allow_untested_optimizer
+    if p.zero_stage > 0 and untested:
+        raise ConfigError(
+            f"optimizer {opt} with ZeRO stage {p.zero_stage}{_src(sources, 'optimizer')}: "
+            "DeepSpeed has not tested this combination; set zero_allow_untested_optimizer: true "
+            f"to allow it (tested: {', '.join(ZERO_TESTED_OPTIMIZERS)})"
+        )
+
+
+def validate_data(cfg: Config, sources: dict[str, str]) -> None:
+    d = cfg.data
+    parts = d.split.replace("/", ",").split(",")
+    try:
+        numbers = [float(x) for x in parts]
+    except ValueError:
+        numbers = []
+    if not numbers or len(numbers) > 3 or any(x < 0 for x in numbers) or sum(numbers) <= 0:
+        raise ConfigError(
+            f"split '{d.split}'{_src(sources, 'split')} is not valid; expected up to three "
+            "non-negative numbers such as '949,50,1' (train, valid, test)"
+        )
+    for kind in ("train", "valid", "test"):
+        paths = getattr(d, f"{kind}_data_paths")
+        weights = getattr(d, f"{kind}_data_weights")
+        if weights is not None and (paths is None or len(weights) != len(paths)):
+            key = f"{kind}_data_weights"
+            raise ConfigError(
+                f"{key}{_src(sources, key)} has {len(weights)} weights but "
+                f"{kind}_data_paths has {len(paths or [])} paths; give one weight per path"
+            )
+        labels = getattr(d, f"{kind}_label_data_paths")
+        if labels is not None and (paths is None or len(labels) != len(paths)):
+            key = f"{kind}_label_data_paths"
+            raise ConfigError(f"{key}{_src(sources, key)} needs one label dataset per data path")
+
+
+def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
+    t, lr = cfg.training, cfg.lr
+    if t.train_iters is not None and t.train_iters < 0:
+        raise ConfigError(f"train_iters{_src(sources, 'train_iters')} must be >= 0")
+    if lr.warmup < 0:
+        raise ConfigError(f"warmup{_src(sources, 'warmup')} must be >= 0")
+    if lr.min_lr > cfg.optimizer.lr:
+        raise ConfigError(
+            f"min_lr {lr.min_lr} is above the learning rate {cfg.optimizer.lr}"
+            f"{_src(sources, 'min_lr', 'optimizer')}"
+        )
+    c = cfg.checkpointing
+    if c.checkpoint_factor is not None and c.checkpoint_factor < 1:
+        raise ConfigError(f"checkpoint_factor{_src(sources, 'checkpoint_factor')} must be >= 1")
+    if c.checkpoint_scale == "log" and (c.checkpoint_factor or 0) < 2:
+        raise ConfigError("checkpoint_scale 'log' needs checkpoint_factor >= 2 (the log base)")
+
+
+def validate(cfg: Config, sources: dict[str, str]) -> None:
+    validate_model(cfg, sources)
+    validate_parallel(cfg, sources)
+    validate_data(cfg, sources)
+    validate_schedule(cfg, sources)
