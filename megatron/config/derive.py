@@ -118,6 +118,17 @@ def derive_precision(cfg: Config, sources: dict[str, str], warn: list[str]):
     return dataclasses.replace(pr, dtype=named or from_sections or "fp32")
 
 
+def _number(value):
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if isinstance(value, list):
+        return [_number(v) for v in value]
+    return value
+
+
 def derive_optimizer(cfg: Config, sources: dict[str, str]):
     o = cfg.optimizer
     section = o.optimizer or {"type": "Adam", "params": {}}
@@ -128,7 +139,8 @@ def derive_optimizer(cfg: Config, sources: dict[str, str]):
             f"optimizer.type{_src(sources, 'optimizer')}: '{raw_type}' is not valid; expected one "
             f"of {', '.join(OPTIMIZER_TYPES)}"
         )
-    params = dict(section.get("params") or {})
+    # YAML 1.1 reads `1e-8` (no dot) as text: numbers in params are made numbers again.
+    params = {k: _number(v) for k, v in (section.get("params") or {}).items()}
     lr = o.lr if o.lr is not None else params.get("lr")
     params.pop("lr", None)
     if lr is None:

@@ -1,0 +1,118 @@
+"""GPT-NeoX config files load unchanged and resolve to the values they say."""
+
+from pathlib import Path
+
+import pytest
+
+from megatron.config import deepspeed_config, load_config
+from megatron.config.config import KEY_TO_GROUP
+from megatron.config.neox_keys import RENAMED, UNIMPLEMENTED
+
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = ROOT / "tests" / "data" / "configs"
+
+
+def test_guide_example_loads_unchanged():
+    warn: list[str] = []
+    cfg = load_config([FIXTURES / "neox_guide_example.yml"], warn=warn)
+    assert warn == []
+    assert cfg.parallel.pipe_parallel_size == 1 and cfg.parallel.model_parallel_size == 1
+    m = cfg.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (12, 768, 12)
+    assert (m.seq_length, m.max_position_embeddings) == (2048, 2048)
+    assert (m.norm, m.pos_emb, m.no_weight_tying) == ("rmsnorm", "none", True)
+    assert m.checkpoint_activations and m.partition_activations and m.synchronize_each_layer
+    assert cfg.optimizer.optimizer_type == "Adam" and cfg.optimizer.lr == 0.0006
+    assert cfg.optimizer.optimizer_params == {"max_grad_norm": 1.0, "betas": [0.9, 0.95]}
+    assert cfg.parallel.zero_optimization["allgather_partitions"] is True
+    assert cfg.precision.dtype == "fp16"
+    assert cfg.training.train_batch_size == 4 and cfg.training.gradient_accumulation_steps == 1
+    assert (cfg.lr.lr_decay_style, cfg.lr.decay_iters, cfg.lr.warmup_iters) == (
+        "cosine",
+        320000,
+        3200,
+    )
+    assert cfg.data.split == "949,50,1"
+    assert cfg.checkpointing.keep_last_n_checkpoints == 4
+    assert cfg.logging.wall_clock_breakdown is True
+    ds = deepspeed_config(cfg)
+    assert ds["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "loss_scale_window": 1000,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    }
+    assert ds["zero_optimization"]["stage"] == 0 and ds["gradient_clipping"] == 1.0
+    assert ds["steps_per_print"] == 10 and ds["wall_clock_breakdown"] is True
+
+
+def test_pythia_style_neox_config():
+    warn: list[str] = []
+    cfg = load_config(
+        [FIXTURES / "pythia-160m-neox.yml"], world_size=8, vocab_size=50277, warn=warn
+    )
+    assert any("output_layer_parallelism" in w for w in warn)
+    assert cfg.unimplemented == {"output_layer_parallelism": "column"}
+    m = cfg.model
+    assert (m.pos_emb, m.rotary_pct, m.gpt_j_residual) == ("rotary", 0.25, True)
+    assert m.layer_attention_types == ("flash",) * 12
+    assert m.padded_vocab_size == 50304
+    assert cfg.parallel.data_parallel_size == 8 and cfg.training.train_batch_size == 256
+    assert cfg.checkpointing.extra_save_iters[:3] == [0, 1, 2]
+    assert cfg.tokenizer.tokenizer_type == "HFTokenizer"
+    assert deepspeed_config(cfg)["fp16"]["initial_scale_power"] == 12
+
+
+def test_llama_style_neox_config():
+    cfg = load_config([FIXTURES / "llama-7b-neox.yml"], world_size=2, vocab_size=32000, warn=[])
+    m = cfg.model
+    assert (m.norm, m.activation, m.num_kv_heads, m.rotary_pct) == ("rmsnorm", "swiglu", 8, 1.0)
+    assert not (m.use_bias_in_attn_linear or m.use_bias_in_mlp or m.use_bias_in_norms)
+    assert m.padded_vocab_size == 32000
+    assert cfg.precision.dtype == "bf16" and cfg.tokenizer.vocab_file == "tokenizer.model"
+    assert cfg.training.train_batch_size == 4 * 8 * 2
+
+
+@pytest.mark.parametrize("name", ["160M.yml", "small.yml", "llama-small.yml", "llama-7B.yml"])
+def test_shipped_configs_resolve(name):
+    extra = [ROOT / "configs" / "local.yml"]
+    world = 4 if name == "llama-7B.yml" else 1
+    cfg = load_config(
+        [ROOT / "configs" / name, *extra], world_size=world, vocab_size=50257, warn=[]
+    )
+    assert cfg.model.num_layers >= 1 and cfg.data.data_path.endswith("_text_document")
+
+
+def test_bare_names_are_looked_up_under_configs():
+    cfg = load_config(["160M", "local.yml"], world_size=1, vocab_size=50257, warn=[])
+    assert cfg.model.hidden_size == 768 and cfg.config_files[0].endswith("configs/160M.yml")
+
+
+# Every key the configuration guide and the foundation issue name must be known: either a
+# field of a group, a renamed key, or accepted as unimplemented.
+NEOX_VOCABULARY = """
+pipe_parallel_size model_parallel_size num_layers hidden_size num_attention_heads num_kv_heads
+seq_length max_position_embeddings norm pos_emb rotary_pct rotary_emb_base no_weight_tying
+gpt_j_residual activation init_method output_layer_init_method
+scaled_upper_triang_masked_softmax_fusion bias_gelu_fusion attention_config train_iters
+train_epochs optimizer zero_optimization zero_allow_untested_optimizer train_batch_size
+train_micro_batch_size_per_gpu gradient_accumulation_steps deepspeed_extra_args data_impl split
+data_path train_data_paths valid_data_paths test_data_paths train_data_weights valid_data_weights
+test_data_weights train_label_data_paths train_reward_data_paths pos_train_data_paths
+neg_train_data_paths pos_train_label_data_paths vocab_file merge_file tokenizer_type save load
+tensorboard_dir log_dir checkpoint_factor keep_last_n_checkpoints eval_interval eval_iters
+lr_decay_iters lr_decay_style warmup min_lr checkpoint_activations checkpoint_num_layers
+partition_activations synchronize_each_layer fp16 bf16 precision gradient_clipping weight_decay
+hidden_dropout attention_dropout distributed_backend log_interval steps_per_print
+wall_clock_breakdown launcher deepspeed_slurm deepspeed_mpi hostfile include exclude num_nodes
+num_gpus master_port master_addr wandb_project wandb_group use_wandb seed
+train_data_path valid_data_path test_data_path dataset_impl train_impl pack_impl dpo_beta
+dpo_fp32 precompute_model_name text_gen_type train_label_data_path train_reward_data_path
+pos_train_data_path neg_train_data_path
+""".split()
+
+
+def test_neox_vocabulary_is_covered():
+    known = set(KEY_TO_GROUP) | set(RENAMED) | set(UNIMPLEMENTED)
+    assert sorted(set(NEOX_VOCABULARY) - known) == []
