@@ -1,0 +1,251 @@
+"""Learning-rate schedules: warm-up, then one of several decay shapes, floored at `min_lr`.
+
+`AnnealingLR` is stepped by the DeepSpeed engine after every *applied* optimizer step (an
+overflowing fp16 step is skipped and does not advance it), like GPT-NeoX's scheduler. The LR
+for `num_iters` completed steps is
+
+    warm-up   (num_iters <= warmup_iters):  peak × num_iters / warmup_iters
+    otherwise:                              shape(progress) with
+              progress = (num_iters - warmup_iters) / (decay_iters - warmup_iters), in [0, 1]
+
+The decay shapes are classes in `DECAY_STYLES` (one per `lr_decay_style`); `wsd` (warm-up,
+stable, decay) holds the peak and then decays over the last `wsd_decay_fraction` × decay_iters
+iterations with one of the other shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+LN2_NEOX = 0.693  # GPT-NeoX's exponential decay halves the LR over the decay: exp(-0.693 p)
+
+
+class DecayStyle:
+    """Maps decay progress `p` in [0, 1] to a learning rate between `peak` and `min_lr`."""
+
+    def lr(self, p: float, peak: float, min_lr: float, sched: ScheduleSettings) -> float:
+        raise NotImplementedError
+
+
+class Constant(DecayStyle):
+    """The peak LR throughout (after warm-up)."""
+
+    def lr(self, p, peak, min_lr, sched):
+        return peak
+
+
+class Linear(DecayStyle):
+    """Straight line from the peak to `min_lr`."""
+
+    def lr(self, p, peak, min_lr, sched):
+        return min_lr + (peak - min_lr) * (1.0 - p)
+
+
+class Cosine(DecayStyle):
+    """Half a cosine from the peak to `min_lr`."""
+
+    def lr(self, p, peak, min_lr, sched):
+        return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+class Exponential(DecayStyle):
+    """GPT-NeoX's exponential decay: the LR halves over the decay, floored at `min_lr`."""
+
+    def lr(self, p, peak, min_lr, sched):
+        return peak * math.exp(-LN2_NEOX * p)
+
+
+class InverseSqrt(DecayStyle):
+    """peak × sqrt(warmup / num_iters) (Megatron-LM), independent of the decay length."""
+
+    def lr(self, p, peak, min_lr, sched):
+        warmup = max(sched.warmup_iters, 1)
+        return peak * math.sqrt(warmup) / math.sqrt(max(sched.num_iters, warmup))
+
+
+class MinusSqrt(DecayStyle):
+    """1 - sqrt(p) from the peak to `min_lr`: the `inverse_sqrt` flavour of the wsd decay."""
+
+    def lr(self, p, peak, min_lr, sched):
+        return min_lr + (peak - min_lr) * (1.0 - math.sqrt(p))
+
+
+class WarmupStableDecay(DecayStyle):
+    """Peak LR until the last `wsd_decay_fraction` × decay_iters iterations, which decay with
+    `wsd_decay_style`."""
+
+    def lr(self, p, peak, min_lr, sched):
+        window = sched.wsd_decay_fraction * sched.decay_iters
+        start = sched.decay_iters - window
+        if window <= 0 or sched.num_iters <= start:
+            return peak
+        q = min(1.0, (sched.num_iters - start) / window)
+        return WSD_TAILS[sched.wsd_decay_style].lr(q, peak, min_lr, sched)
+
+
+DECAY_STYLES: dict[str, DecayStyle] = {
+    "constant": Constant(),
+    "linear": Linear(),
+    "cosine": Cosine(),
+    "exponential": Exponential(),
+    "inverse_sqrt": InverseSqrt(),
+    "wsd": WarmupStableDecay(),
+}
+
+WSD_TAILS: dict[str, DecayStyle] = {
+    "linear": Linear(),
+    "cosine": Cosine(),
+    "exponential": Exponential(),
+    "inverse_sqrt": MinusSqrt(),
+}
+
+# Settings that define the curve; on resume they are compared with the checkpoint's.
+CURVE_KEYS = ("peak_lr", "min_lr", "warmup_iters", "decay_iters", "decay_style")
+
+
+@dataclass
+class ScheduleSettings:
+    """Everything `AnnealingLR` needs; `num_iters` is the run state (applied steps so far)."""
+
+    peak_lr: float
+    min_lr: float = 0.0
+    warmup_iters: int = 0
+    decay_iters: int = 0
+    decay_style: str = "linear"
+    wsd_decay_fraction: float = 0.1
+    wsd_decay_style: str = "linear"
+    num_iters: int = 0
+
+    def __post_init__(self):
+        if self.decay_style not in DECAY_STYLES:
+            raise ValueError(
+                f"lr_decay_style '{self.decay_style}' is not valid; expected one of "
+                f"{', '.join(DECAY_STYLES)}"
+            )
+        if self.wsd_decay_style not in WSD_TAILS:
+            raise ValueError(
+                f"wsd_decay_style '{self.wsd_decay_style}' is not valid; expected one of "
+                f"{', '.join(WSD_TAILS)}"
+            )
+        if self.warmup_iters < 0 or self.decay_iters < 0:
+            raise ValueError(
+                f"warm-up ({self.warmup_iters}) and decay ({self.decay_iters}) iterations must "
+                "be >= 0; check warmup, lr_decay_iters and train_iters"
+            )
+        if not 0.0 <= self.wsd_decay_fraction <= 1.0:
+            raise ValueError(f"wsd_decay_fraction {self.wsd_decay_fraction} must be in [0, 1]")
+
+
+def lr_at(s: ScheduleSettings) -> float:
+    """The learning rate after `s.num_iters` applied steps."""
+    if s.warmup_iters > 0 and s.num_iters <= s.warmup_iters:
+        return s.peak_lr * s.num_iters / s.warmup_iters
+    span = s.decay_iters - s.warmup_iters
+    p = 1.0 if span <= 0 else min(1.0, (s.num_iters - s.warmup_iters) / span)
+    return max(s.min_lr, DECAY_STYLES[s.decay_style].lr(p, s.peak_lr, s.min_lr, s))
+
+
+class AnnealingLR:
+    """Sets the LR of every parameter group of `optimizer`; stepped after each applied step.
+
+    `lr_scale` in a parameter group multiplies its LR (default 1). On resume,
+    `override_lr_scheduler` keeps this run's curve and takes only the step count from the
+    checkpoint; `use_checkpoint_lr_scheduler` takes the whole curve from the checkpoint; with
+    neither, the curves must agree.
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        settings: ScheduleSettings,
+        *,
+        override_lr_scheduler: bool = False,
+        use_checkpoint_lr_scheduler: bool = False,
+    ):
+        if override_lr_scheduler and use_checkpoint_lr_scheduler:
+            raise ValueError(
+                "override_lr_scheduler and use_checkpoint_lr_scheduler are both set; set at "
+                "most one (override: this config's schedule; use_checkpoint: the checkpoint's)"
+            )
+        self.optimizer = optimizer
+        self.settings = replace(settings)  # a copy: stepping must not change the caller's
+        self.override = override_lr_scheduler
+        self.use_checkpoint = use_checkpoint_lr_scheduler
+        self._apply()
+
+    @property
+    def num_iters(self) -> int:
+        return self.settings.num_iters
+
+    def get_lr(self) -> float:
+        return lr_at(self.settings)
+
+    def get_last_lr(self) -> list[float]:
+        """Per-group LRs (the name torch and DeepSpeed use)."""
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def step(self, increment: int = 1) -> None:
+        self.settings.num_iters += increment
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = self.get_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self.settings)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.override:
+            for key in CURVE_KEYS:
+                ours, theirs = getattr(self.settings, key), state.get(key)
+                if self.use_checkpoint:
+                    setattr(self.settings, key, theirs)
+                elif ours != theirs:
+                    raise ValueError(
+                        f"LR schedule '{key}' differs between this config ({ours!r}) and the "
+                        f"checkpoint ({theirs!r}); set override_lr_scheduler: true to use this "
+                        "config's schedule or use_checkpoint_lr_scheduler: true to use the "
+                        "checkpoint's"
+                    )
+        self.settings.num_iters = int(state["num_iters"])
+        self._apply()
+
+
+def schedule_settings_from_config(cfg, train_iters: int | None = None) -> ScheduleSettings:
+    """Settings from `cfg.lr` and `cfg.optimizer.lr`.
+
+    `train_iters` gives the run length when it is only known at run time (`train_epochs`):
+    when the config derived no decay length, decay and warm-up are derived from it the way
+    `megatron/config/derive.py` does.
+    """
+    lr = cfg.lr
+    decay, warmup = lr.decay_iters, lr.warmup_iters
+    if train_iters is not None and not decay:
+        if lr.lr_decay_fraction is not None:
+            decay = int(lr.lr_decay_fraction * train_iters)
+        else:
+            decay = train_iters
+        warmup = int(lr.warmup * decay) if lr.warmup < 1 else int(lr.warmup)
+    return ScheduleSettings(
+        peak_lr=float(cfg.optimizer.lr),
+        min_lr=float(lr.min_lr),
+        warmup_iters=int(warmup),
+        decay_iters=int(decay),
+        decay_style=lr.lr_decay_style,
+        wsd_decay_fraction=float(lr.wsd_decay_fraction),
+        wsd_decay_style=lr.wsd_decay_style,
+    )
+
+
+def build_lr_scheduler(cfg, optimizer, train_iters: int | None = None) -> AnnealingLR:
+    """The scheduler of a run, for `deepspeed.initialize(lr_scheduler=...)`."""
+    return AnnealingLR(
+        optimizer,
+        schedule_settings_from_config(cfg, train_iters),
+        override_lr_scheduler=cfg.lr.override_lr_scheduler,
+        use_checkpoint_lr_scheduler=cfg.lr.use_checkpoint_lr_scheduler,
+    )
