@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""Launch a worker script on every rank with one validated config.
+
+    python deepy.py train.py configs/160M.yml local.yml [--set train_iters=20] [--dry-run]
+    python deepy.py --describe [KEY] [--markdown]
+
+The config files are merged, validated and resolved here, before anything starts: a bad config
+exits non-zero with a message naming the file and key, and launches nothing. The resolved
+config travels to every worker as one shell-safe bundle argument; the DeepSpeed runner starts
+the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle, load_config
+from megatron.config.bundle import BUNDLE_FLAG
+
+log = logging.getLogger("deepy")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="deepy.py",
+        description="Validate config files and launch SCRIPT on every rank via DeepSpeed.",
+    )
+    parser.add_argument("script", nargs="?", help="worker script: train.py, generate.py, eval.py")
+    parser.add_argument("configs", nargs="*", help="config files (YAML/JSON/TOML), merged in order")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (typed as YAML; dotted keys reach into sections); repeatable",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate, print the resolved config and the runner command, launch nothing",
+    )
+    parser.add_argument(
+        "--describe",
+        nargs="?",
+        const="",
+        metavar="KEY",
+        help="print every config key (or one) with type, default and documentation",
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="with --describe: the configs/README.md text"
+    )
+    args = parser.parse_intermixed_args(argv)
+    if args.describe is None and (not args.script or not args.configs):
+        parser.error("give a worker script and at least one config file")
+    return args
+
+
+def vocab_size_of(cfg: Config, dry_run: bool) -> int | None:
+    """The tokenizer's vocabulary size, for the padded vocab; None if unknown in a dry run."""
+    from megatron.data.tokenizers import build_tokenizer
+
+    try:
+        return build_tokenizer(cfg).vocab_size
+    except Exception as err:  # noqa: BLE001 - reported as a config problem below
+        if dry_run:
+            log.warning("tokenizer not loaded (%s); padded_vocab_size left unset", err)
+            return None
+        raise ConfigError(f"cannot load the tokenizer: {err}") from err
+
+
+def resolve(args: argparse.Namespace) -> Config:
+    from megatron.launcher import planned_world_size
+
+    first = load_config(args.configs, args.overrides, warn=[])
+    world_size = planned_world_size(first.launcher)
+    cfg = load_config(args.configs, args.overrides, world_size=world_size)
+    vocab = vocab_size_of(cfg, args.dry_run)
+    if vocab is not None:
+        cfg = load_config(
+            args.configs, args.overrides, world_size=world_size, vocab_size=vocab, warn=[]
+        )
+    return cfg
+
+
+def runner_command(cfg: Config, script: str) -> list[str]:
+    from megatron.launcher import build_runner_argv
+
+    return build_runner_argv(cfg.launcher, script, [BUNDLE_FLAG, encode_bundle(cfg)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    if args.describe is not None:
+        from megatron.config.describe import describe_all, describe_key, render_markdown
+
+        if args.markdown:
+            print(render_markdown(), end="")
+        else:
+            print(describe_key(args.describe) if args.describe else describe_all())
+        return 0
+    if not os.path.isfile(args.script):
+        raise ConfigError(f"worker script '{args.script}' not found")
+    cfg = resolve(args)
+    command = runner_command(cfg, args.script)
+    if args.dry_run:
+        resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
+        print(json.dumps(resolved, indent=2, sort_keys=True))
+        print(" ".join(command))
+        return 0
+    from megatron.launcher import prepare_launch_environment
+
+    env = prepare_launch_environment(cfg.launcher, os.environ)
+    log.info("launching %d rank(s): %s ...", cfg.parallel.world_size, " ".join(command[:8]))
+    return subprocess.call(command, env=env)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ConfigError as err:
+        print(f"deepy.py: config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

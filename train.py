@@ -1,0 +1,14 @@
+"""Worker entry point, started by `deepy.py` on every rank: decode the config bundle, train."""
+
+from megatron.config import config_from_argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = config_from_argv(argv)
+    from megatron.training import pretrain
+
+    pretrain(cfg)
+
+
+if __name__ == "__main__":
+    main()
