@@ -1,0 +1,166 @@
+"""GPT sample indexing: which tokens make up each fixed-length training sample.
+
+Three arrays, built once from a seeded RNG and cached as `.npy` files beside the data:
+
+* doc_idx     (int32, epochs * n_docs): the documents of every epoch, shuffled together.
+* sample_idx  (int32 or int64, (n_samples + 1, 2)): where each sample starts in the token
+              stream that doc_idx spells out, as (index into doc_idx, offset in document).
+* shuffle_idx (uint32 or int64, n_samples): the order samples are served in.
+
+The RNG calls match GPT-NeoX (`np.random.RandomState(seed)`, doc_idx shuffled before
+shuffle_idx), so the same data, seed, sequence length and sample count give its arrays.
+The files are keyed by a hash of everything that shapes them, written under temporary names
+and renamed, and built by one rank (per node when nodes do not share a file system) while the
+others wait at a barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from megatron.data.index_helpers import index_helpers
+
+logger = logging.getLogger(__name__)
+
+# Bump when the arrays' meaning changes, so stale caches are never reused.
+INDEX_FORMAT_VERSION = 1
+KINDS = ("doc_idx", "sample_idx", "shuffle_idx")
+
+
+def num_epochs_needed(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
+    """Fewest epochs whose tokens give `num_samples` samples: samples share one token with
+    their successor, so E epochs give (E * tokens_per_epoch - 1) // seq_length of them."""
+    return max(1, -(-(num_samples * seq_length + 1) // tokens_per_epoch))
+
+
+def build_doc_idx(documents: np.ndarray, num_epochs: int, rng: np.random.RandomState):
+    doc_idx = np.tile(np.asarray(documents, dtype=np.int32), num_epochs)
+    rng.shuffle(doc_idx)
+    return doc_idx
+
+
+def build_shuffle_idx(size: int, rng: np.random.RandomState) -> np.ndarray:
+    dtype = np.uint32 if size < np.iinfo(np.uint32).max - 1 else np.int64
+    shuffle_idx = np.arange(size, dtype=dtype)
+    rng.shuffle(shuffle_idx)
+    return shuffle_idx
+
+
+def _doc_sizes(sizes: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """sizes[documents], without a copy when the documents are one contiguous range."""
+    if documents.size and documents[-1] - documents[0] + 1 == documents.size:
+        if np.all(np.diff(documents) == 1):
+            return sizes[int(documents[0]) : int(documents[-1]) + 1]
+    return sizes[documents]
+
+
+def cache_key(doc_sizes, documents, num_samples: int, seq_length: int, seed: int) -> str:
+    """Hash of everything that determines the three arrays (not the path, which may differ
+    between nodes mounting the same data)."""
+    h = hashlib.blake2b(digest_size=10)
+    params = dict(v=INDEX_FORMAT_VERSION, n=num_samples, s=seq_length, seed=seed)
+    h.update(json.dumps(params, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(documents, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(doc_sizes, dtype=np.int32).tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class IndexMappings:
+    doc_idx: np.ndarray
+    sample_idx: np.ndarray
+    shuffle_idx: np.ndarray
+    num_epochs: int
+    paths: dict[str, Path]
+
+
+def _save_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def _distributed():
+    """torch.distributed when a process group is up, else None (single process)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _is_builder(dist, use_shared_fs: bool) -> bool:
+    if dist is None:
+        return True
+    if use_shared_fs:
+        return dist.get_rank() == 0
+    return int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
+
+
+def build_index_mappings(
+    name: str,
+    cache_prefix: str | Path,
+    sizes: np.ndarray,
+    documents: np.ndarray,
+    num_samples: int,
+    seq_length: int,
+    seed: int,
+    use_shared_fs: bool = True,
+) -> IndexMappings:
+    """Load the cached index arrays for this split, building them first when missing.
+
+    Collective when torch.distributed is initialised: every rank must call it in the same
+    order. `cache_prefix` is the data prefix (files go beside the data) or a path in
+    `data_cache_path`. Raises ValueError naming the split when it has too few tokens.
+    """
+    documents = np.asarray(documents, dtype=np.int32)
+    doc_sizes = _doc_sizes(sizes, documents)
+    tokens_per_epoch = int(doc_sizes.sum(dtype=np.int64))
+    if tokens_per_epoch < 2:
+        raise ValueError(
+            f"{cache_prefix} ({name} split): {documents.size} documents hold {tokens_per_epoch} "
+            "tokens; a sample needs at least 2. Give this split more documents (`split`)."
+        )
+    num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
+    key = cache_key(doc_sizes, documents, num_samples, seq_length, seed)
+    base = f"{cache_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{key}"
+    paths = {kind: Path(f"{base}_{kind}.npy") for kind in KINDS}
+
+    dist = _distributed()
+    if _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values()):
+        start = time.perf_counter()
+        paths["doc_idx"].parent.mkdir(parents=True, exist_ok=True)
+        rng = np.random.RandomState(seed)
+        doc_idx = build_doc_idx(documents, num_epochs, rng)
+        # Every full sample the epochs hold, not only num_samples: later epochs may be used.
+        total_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
+        sample_idx = index_helpers().build_sample_idx(sizes, doc_idx, seq_length, total_samples)
+        shuffle_idx = build_shuffle_idx(sample_idx.shape[0] - 1, rng)
+        for kind, array in zip(KINDS, (doc_idx, sample_idx, shuffle_idx)):
+            _save_atomic(paths[kind], array)
+        logger.info(
+            "built %s index for %s: %d samples over %d epochs in %.2f s (%s helpers)",
+            name, cache_prefix, total_samples, num_epochs, time.perf_counter() - start,
+            index_helpers().name,
+        )  # fmt: skip
+    if dist is not None:
+        dist.barrier()
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"index files missing after the building rank finished: {missing}. If the nodes do "
+            "not share a file system, set `use_shared_fs: false` so each node builds its own."
+        )
+    arrays = {
+        kind: np.load(path, mmap_mode="r", allow_pickle=False) for kind, path in paths.items()
+    }
+    return IndexMappings(num_epochs=num_epochs, paths=paths, **arrays)
