@@ -64,6 +64,7 @@ class GPTDataset:
         self.sample_idx = mappings.sample_idx
         self.shuffle_idx = mappings.shuffle_idx
         self.num_epochs = mappings.num_epochs
+        self.index_built = mappings.built
 
     def __len__(self) -> int:
         return self.shuffle_idx.shape[0]

@@ -80,6 +80,7 @@ class IndexMappings:
     shuffle_idx: np.ndarray
     num_epochs: int
     paths: dict[str, Path]
+    built: bool  # this process built (rather than loaded) the files
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
@@ -136,7 +137,8 @@ def build_index_mappings(
     paths = {kind: Path(f"{base}_{kind}.npy") for kind in KINDS}
 
     dist = _distributed()
-    if _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values()):
+    built = _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values())
+    if built:
         start = time.perf_counter()
         paths["doc_idx"].parent.mkdir(parents=True, exist_ok=True)
         rng = np.random.RandomState(seed)
@@ -163,4 +165,4 @@ def build_index_mappings(
     arrays = {
         kind: np.load(path, mmap_mode="r", allow_pickle=False) for kind, path in paths.items()
     }
-    return IndexMappings(num_epochs=num_epochs, paths=paths, **arrays)
+    return IndexMappings(num_epochs=num_epochs, paths=paths, built=built, **arrays)

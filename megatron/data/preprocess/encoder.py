@@ -71,7 +71,14 @@ class ChunkResult:
 
 
 def _loads(text: str):
-    return _fast_json.loads(text) if _fast_json is not None else json.loads(text)
+    """json.loads; orjson first for speed, the standard parser when orjson refuses (it is
+    stricter, e.g. on lone surrogate escapes), so results never depend on orjson."""
+    if _fast_json is not None:
+        try:
+            return _fast_json.loads(text)
+        except ValueError:
+            pass
+    return json.loads(text)
 
 
 class DocumentEncoder:
@@ -134,7 +141,7 @@ class DocumentEncoder:
                     out.append(self.tokenizer.tokenize(text))
                 except Exception:
                     self._problem(problems, UNTOKENIZABLE, source, line)
-                    out.append([])
+                    out.append(None)
             return out
 
     def encode(self, chunk) -> ChunkResult:
@@ -143,18 +150,17 @@ class DocumentEncoder:
         tokens, sizes = {}, {}
         for key, docs in texts.items():
             ids = self._tokenize(docs, chunk.source, problems) if docs else []
+            for (line, _), doc in zip(docs, ids):
+                if doc == []:  # e.g. only characters the tokenizer normalises away
+                    self._problem(problems, EMPTY_DOC, chunk.source, line)
+            ids = [doc for doc in ids if doc]
             if self.append_eod:
                 for doc in ids:
-                    if doc:
-                        doc.append(self.eod)
+                    doc.append(self.eod)
             lengths = [len(doc) for doc in ids]
-            for (line, _), n in zip(docs, lengths):
-                if n == 0:
-                    self._problem(problems, EMPTY_DOC, chunk.source, line)
-            keep = [n for n in lengths if n]
             flat = itertools.chain.from_iterable(ids)
-            tokens[key] = np.fromiter(flat, dtype=self.dtype, count=sum(keep))
-            sizes[key] = np.asarray(keep, dtype=np.int32)
+            tokens[key] = np.fromiter(flat, dtype=self.dtype, count=sum(lengths))
+            sizes[key] = np.asarray(lengths, dtype=np.int32)
         data_bytes = sum(len(raw) for _, raw in chunk.records)
         return ChunkResult(tokens, sizes, len(chunk.records), data_bytes, chunk.raw_bytes, problems)
 

@@ -82,12 +82,13 @@ def _ordered_map(options: EncodeOptions, chunks, workers: int):
             yield pending.popleft().get()
 
 
-def preprocess(opts: PreprocessOptions, log=sys.stderr) -> PreprocessSummary:
+def preprocess(opts: PreprocessOptions, log=None) -> PreprocessSummary:
     """Tokenize `opts.inputs` into indexed datasets; returns counts and problems.
 
     Raises PreprocessError for unusable arguments or inputs (and, with `strict`, for the first
     bad record); the outputs are then left untouched.
     """
+    log = log if log is not None else sys.stderr
     if opts.workers < 1:
         raise PreprocessError(f"--workers must be >= 1, got {opts.workers}")
     keys = tuple(opts.jsonl_keys)
