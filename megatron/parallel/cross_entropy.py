@@ -1,0 +1,118 @@
+"""Cross entropy over vocab-parallel logits, without gathering the full vocabulary.
+
+Rank r holds the logits of vocabulary rows `[r*V/tp, (r+1)*V/tp)` (the output of a
+column-parallel head without `gather_output`). The loss needs only three numbers per token
+from the other ranks: the global max (for a stable softmax), the sum of exponentials and the
+target's logit. So the forward costs one max all-reduce and one small sum all-reduce of shape
+`(3, tokens)`, instead of an all-gather of `(tokens, V)` logits.
+
+Per token, with `z` the shifted logits, `lse = log(sum exp z)` and smoothing `eps`, this equals
+`torch.nn.functional.cross_entropy(logits, target, reduction="none", label_smoothing=eps)`:
+
+    loss = (1 - eps) * (lse - z[target]) + eps * (lse - mean(z))
+
+Targets must be valid ids in `[0, V)`; masking of padding/unwanted tokens is the caller's job
+(multiply the per-token loss by a loss mask).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron.parallel.comm import all_reduce, group_rank, group_size
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, group, label_smoothing):
+        vocab_per_rank = logits.shape[-1]
+        vocab_size = vocab_per_rank * group_size(group)
+        start = group_rank(group) * vocab_per_rank
+        # fp32 at least (bf16/fp16 logits are upcast; fp64 stays fp64).
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        z = logits.to(dtype).reshape(-1, vocab_per_rank)  # (tokens, V/tp)
+        flat_target = target.reshape(-1)  # (tokens,)
+
+        # Subtract the global max for a stable exp (a copy: the caller's logits stay intact).
+        local_max = z.max(dim=-1).values
+        if group_size(group) > 1:
+            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        z = z - local_max.unsqueeze(-1)
+
+        outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)
+        local_target = (flat_target - start).masked_fill(outside, 0)
+        target_logit = z.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
+        target_logit = target_logit.masked_fill(outside, 0.0)
+
+        sums = [target_logit]
+        if label_smoothing:
+            sums.append(z.sum(dim=-1))
+        exp_z = z.exp_()  # z is our own copy; it becomes the softmax buffer
+        sums.insert(1, exp_z.sum(dim=-1))
+        # One all-reduce for the per-token sums (target logit, sum exp[, sum z]): (2|3, tokens).
+        sums = all_reduce(torch.stack(sums), group)
+        lse = sums[1].log()
+        loss = lse - sums[0]
+        if label_smoothing:
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - sums[2] / vocab_size)
+
+        softmax = exp_z.div_(sums[1].unsqueeze(-1))  # (tokens, V/tp), reused as the gradient
+        ctx.save_for_backward(softmax, local_target, outside)
+        ctx.label_smoothing = label_smoothing
+        ctx.vocab_size = vocab_size
+        ctx.input_shape = logits.shape
+        ctx.input_dtype = logits.dtype
+        ctx.backward_done = False
+        return loss.view(target.shape)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.backward_done:
+            raise RuntimeError(
+                "vocab_parallel_cross_entropy reuses its saved softmax as the gradient buffer, "
+                "so it supports one backward per forward (no retain_graph double backward)"
+            )
+        ctx.backward_done = True
+        softmax, local_target, outside = ctx.saved_tensors
+        eps = ctx.label_smoothing
+        # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V, computed in place.
+        grad = softmax
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        inside = (~outside).to(grad.dtype)
+        grad[rows, local_target] -= (1.0 - eps) * inside
+        if eps:
+            grad -= eps / ctx.vocab_size
+        grad.mul_(grad_loss.reshape(-1, 1).to(grad.dtype))
+        return grad.view(ctx.input_shape).to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(
+    logits_parallel: torch.Tensor,
+    target: torch.Tensor,
+    tp_group=None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Per-token cross entropy of vocab-sharded logits.
+
+    Args:
+        logits_parallel: `(..., V/tp)` this rank's vocabulary slice of the logits (any float
+            dtype; the math runs in fp32, or fp64 for fp64 input, and the gradient comes back
+            in the input dtype).
+        target: `(...)` integer token ids in `[0, V)`, identical on every tp rank.
+        tp_group: the tensor-parallel group; `None` means the logits hold the full vocabulary.
+        label_smoothing: in `[0, 1)`, with `torch.nn.functional.cross_entropy`'s meaning.
+
+    Returns:
+        `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits).
+    """
+    if target.shape != logits_parallel.shape[:-1]:
+        raise ValueError(
+            f"vocab_parallel_cross_entropy: target shape {tuple(target.shape)} must equal the "
+            f"logits shape without its vocab dim, {tuple(logits_parallel.shape[:-1])}"
+        )
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    return _VocabParallelCrossEntropy.apply(
+        logits_parallel, target, tp_group, float(label_smoothing)
+    )

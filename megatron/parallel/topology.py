@@ -1,0 +1,163 @@
+"""The parallel topology: data x pipeline x tensor = world size, and its process groups.
+
+One `ParallelTopology` is built per process at start-up and passed explicitly to whatever needs
+a group (no process-group globals). Rank placement is DeepSpeed's
+`PipeModelDataParallelTopology(num_pp, num_mp, num_dp)`, axes `(pipe, data, model)` in
+row-major order, so tensor-parallel ranks are adjacent (one node's fast links), then data
+parallel, then pipeline stages. Pass `topology.ds_topology` to DeepSpeed's `PipelineModule`
+(its engine then builds the same groups); pass the topology itself as `mpu` to
+`deepspeed.initialize` for the non-pipeline engine (see `mpu.py`).
+
+Example, world 8 with tp=2, pp=2 (so dp=2): rank = pp_rank*4 + dp_rank*2 + tp_rank, i.e.
+tensor groups [0,1] [2,3] [4,5] [6,7], data groups [0,2] [1,3] [4,6] [5,7], pipelines [0,4]
+[1,5] [2,6] [3,7].
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from megatron.parallel.mpu import DeepSpeedMpuMixin
+
+# Every rank creates every group in this order (group creation is collective).
+_GROUP_AXES = ("data", "pipe", "model", "replica")
+
+
+def _dist_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _check_int(key: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class ParallelTopology(DeepSpeedMpuMixin):
+    """Sizes, this rank's coordinates and the process groups of a dp x pp x tp layout.
+
+    Args:
+        tp_size: tensor-parallel size (config key `model_parallel_size`).
+        pp_size: pipeline stages (config key `pipe_parallel_size`); 0 means "no pipeline
+            engine" and, like 1, gives one stage.
+        world_size: defaults to `torch.distributed`'s world size when it is initialised (and
+            must then equal it), else 1. Given without `torch.distributed`, it lets a launcher
+            or config check validate a layout without processes; no groups exist then.
+        rank: this process's global rank; defaults like `world_size` (0 without dist).
+
+    Attributes: `world_size, tp_size, pp_size, dp_size, rank, tp_rank, pp_rank, dp_rank`;
+    `tp_ranks, pp_ranks, dp_ranks` (global ranks of this rank's groups, in group order);
+    `tp_group, pp_group, dp_group` (None when that size is 1 or dist is not initialised: the
+    layers read `tp_group=None` as "no tensor parallelism"); `ds_topology`.
+    """
+
+    def __init__(self, tp_size: int = 1, pp_size: int = 1, world_size=None, *, rank=None):
+        ready = _dist_ready()
+        self.tp_size = _check_int("model_parallel_size", tp_size, 1)
+        self.pp_size = _check_int("pipe_parallel_size", pp_size, 0) or 1
+        if world_size is None:
+            world_size = dist.get_world_size() if ready else 1
+        self.world_size = _check_int("world size", world_size, 1)
+        if ready and self.world_size != dist.get_world_size():
+            raise ValueError(
+                f"ParallelTopology: world_size={world_size} but torch.distributed runs "
+                f"{dist.get_world_size()} processes; leave world_size unset to use it"
+            )
+        model_size = self.tp_size * self.pp_size
+        if self.world_size % model_size != 0:
+            valid = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+            raise ValueError(
+                f"world size {self.world_size} = data x pipeline x tensor parallel, but "
+                f"pipe_parallel_size ({self.pp_size}) x model_parallel_size ({self.tp_size}) "
+                f"= {model_size} does not divide it; pick sizes whose product is one of {valid}"
+            )
+        self.dp_size = self.world_size // model_size
+        if rank is None:
+            rank = dist.get_rank() if ready else 0
+        if not (0 <= rank < self.world_size) or (ready and rank != dist.get_rank()):
+            raise ValueError(f"ParallelTopology: rank {rank} is not this process's rank")
+        self.rank = rank
+
+        self.ds_topology = PipeModelDataParallelTopology(
+            num_pp=self.pp_size, num_mp=self.tp_size, num_dp=self.dp_size
+        )
+        coord = self.ds_topology.get_coord(rank)
+        self.pp_rank, self.dp_rank, self.tp_rank = coord.pipe, coord.data, coord.model
+        self.tp_ranks = self._members("model")
+        self.pp_ranks = self._members("pipe")
+        self.dp_ranks = self._members("data")
+        self._groups = self._create_groups() if ready else {}
+
+    @classmethod
+    def from_config(cls, cfg) -> ParallelTopology:
+        """Build from `cfg.parallel.model_parallel_size` / `pipe_parallel_size`.
+
+        The world size comes from `torch.distributed` when it is initialised, else from
+        `cfg.parallel.world_size` when the config has derived it, else 1.
+        """
+        par = cfg.parallel
+        world_size = None if _dist_ready() else getattr(par, "world_size", None)
+        return cls(
+            tp_size=par.model_parallel_size,
+            pp_size=par.pipe_parallel_size,
+            world_size=world_size,
+        )
+
+    def _comm_lists(self, axis: str) -> list[list[int]]:
+        if axis == "replica":  # pipe x model ranks of one data-parallel index
+            return [sorted(self.ds_topology.filter_match(data=d)) for d in range(self.dp_size)]
+        return self.ds_topology.get_axis_comm_lists(axis)
+
+    def _members(self, axis: str) -> list[int]:
+        return next(ranks for ranks in self._comm_lists(axis) if self.rank in ranks)
+
+    def _create_groups(self) -> dict:
+        # Collective: all ranks walk the same axes and lists in the same order. Groups of one
+        # are created too, because the `mpu` methods must always return a real group.
+        groups = {}
+        for axis in _GROUP_AXES:
+            groups[axis], _ = dist.new_subgroups_by_enumeration(self._comm_lists(axis))
+        return groups
+
+    def _group(self, axis: str):
+        if axis not in self._groups:
+            raise RuntimeError(
+                "ParallelTopology has no process groups: it was built before "
+                "torch.distributed was initialised; initialise it first (deepspeed."
+                "init_distributed) and build the topology on every rank"
+            )
+        return self._groups[axis]
+
+    def _group_if_parallel(self, axis: str, size: int):
+        return self._groups.get(axis) if size > 1 else None
+
+    @property
+    def tp_group(self):
+        """The tensor-parallel group, or None without tensor parallelism."""
+        return self._group_if_parallel("model", self.tp_size)
+
+    @property
+    def pp_group(self):
+        """The group of this pipeline's stages, or None with one stage."""
+        return self._group_if_parallel("pipe", self.pp_size)
+
+    @property
+    def dp_group(self):
+        """The data-parallel group (same shard, different data), or None when dp is 1."""
+        return self._group_if_parallel("data", self.dp_size)
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelTopology(world={self.world_size} = dp {self.dp_size} x pp {self.pp_size} "
+            f"x tp {self.tp_size}; rank {self.rank} -> dp {self.dp_rank}, pp {self.pp_rank}, "
+            f"tp {self.tp_rank})"
+        )
