@@ -1,0 +1,63 @@
+"""The GPT model: Megatron tensor-parallel layers as DeepSpeed pipeline stages.
+
+Reading order (each file one concern): `args` (the settings) -> `init_methods`, `norms`,
+`activations`, `positional` -> `attention_backends` -> `attention`, `mlp` -> `transformer`
+-> `embedding`, `head` -> `specs` (the layer list and parameter names) -> `loss` -> `gpt`
+(`build_model`). Around it: `counting` (parameter counts), `weights` (full state dicts),
+`hf_names` (the Hugging Face rename table).
+
+Contract for the training loop:
+
+    model = build_model(cfg, topology)      # PipelineModule if pipe_parallel_size >= 1,
+                                            # else GPTModel (plain nn.Module)
+    # pipeline engine batches: ((tokens, position_ids), (labels, loss_mask))
+    # plain: logits = model(tokens, position_ids); loss = model.loss_fn(logits, (labels, mask))
+    count_parameters(cfg)                   # analytic, for the start-up report
+    count_model_parameters(model, topology) # what was built (collective over tp x pp)
+"""
+
+from megatron.model.args import ModelArgs
+from megatron.model.counting import (
+    count_model_parameters,
+    count_parameters,
+    layer_parameters,
+    parameter_breakdown,
+)
+from megatron.model.gpt import GPTModel, build_gpt, build_model, configure_activation_checkpointing
+from megatron.model.hf_names import (
+    HF_ARCHITECTURES,
+    from_hf,
+    fuse_qkv,
+    hf_config,
+    name_map,
+    split_qkv,
+    to_hf,
+)
+from megatron.model.loss import loss_fn
+from megatron.model.specs import gpt_layer_specs, layer_index, layer_prefix
+from megatron.model.weights import full_state_dict, load_full_state_dict
+
+__all__ = [
+    "HF_ARCHITECTURES",
+    "GPTModel",
+    "ModelArgs",
+    "build_gpt",
+    "build_model",
+    "configure_activation_checkpointing",
+    "count_model_parameters",
+    "count_parameters",
+    "from_hf",
+    "full_state_dict",
+    "fuse_qkv",
+    "gpt_layer_specs",
+    "hf_config",
+    "layer_index",
+    "layer_parameters",
+    "layer_prefix",
+    "load_full_state_dict",
+    "loss_fn",
+    "name_map",
+    "parameter_breakdown",
+    "split_qkv",
+    "to_hf",
+]

@@ -1,0 +1,167 @@
+"""Attention backends: the causal core `softmax(q k^T / sqrt(d) + bias) v` behind one interface.
+
+Every backend is an `nn.Module` called as `backend(q, k, v, bias=None)` with
+
+    q: (s, b, nq, d)   this rank's query heads (Megatron layout)
+    k, v: (s, b, nkv, d)   this rank's key/value heads; nq is a multiple of nkv (query head i
+        uses key/value head i // (nq / nkv), grouped-query attention)
+    bias: None or an additive score bias broadcastable to (b, nq, sq, sk) (ALiBi)
+
+and returns the context `(s, b, nq, d)`. Attention is causal. Backends, chosen per layer by the
+layer's attention type (`attention_config`) and the softmax-fusion keys:
+
+| type     | fusion off                 | fusion on (`scaled_*_softmax_fusion`)              |
+| -------- | -------------------------- | -------------------------------------------------- |
+| `global` | `ReferenceAttention`       | `FusedSoftmaxAttention` (CUDA kernel when built)   |
+| `flash`, `sdpa` | `SDPAAttention` (torch `scaled_dot_product_attention`; flash on GPU) |
+
+`attention_softmax_in_fp32` and `apply_query_key_layer_scaling` (scores divided by the layer
+number before the fp32 softmax, then multiplied back) apply to the explicit-softmax backends;
+SDPA picks its own accumulation precision. Attention dropout draws from the tensor-parallel RNG
+(each rank holds different heads, see `megatron.parallel.random`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.kernels import (
+    AttnMaskType,
+    FusedScaleMaskSoftmax,
+    causal_mask,
+    reference_scaled_masked_softmax,
+)
+from megatron.model.args import ModelArgs, choose
+from megatron.parallel import MODEL_PARALLEL_RNG, get_rng_tracker
+from megatron.parallel.comm import group_size
+
+
+def tensor_parallel_dropout_context(tp_group):
+    """RNG context for dropout on tensor-parallel activations.
+
+    With tp > 1 the tracked tensor-parallel state is required (seed it with
+    `megatron.parallel.model_parallel_seed`); at tp = 1 it is used when seeded, else the
+    default generator.
+    """
+    tracker = get_rng_tracker()
+    if group_size(tp_group) > 1 or MODEL_PARALLEL_RNG in tracker.get_states():
+        return tracker.fork(MODEL_PARALLEL_RNG)
+    return contextlib.nullcontext()
+
+
+class AttentionBackend(nn.Module):
+    """Shared settings: scale, dropout, query-key layer scaling, fp32 softmax."""
+
+    def __init__(self, args: ModelArgs, layer_number: int, tp_group=None):
+        super().__init__()
+        self.tp_group = tp_group
+        self.dropout_p = args.attention_dropout
+        self.scale = 1.0 / math.sqrt(args.head_dim)
+        # Megatron's query-key layer scaling: divide by the layer number before the (fp32)
+        # softmax and multiply back inside it; a no-op in exact arithmetic, it keeps fp16
+        # scores of deep layers in range.
+        self.coeff = float(max(1, layer_number)) if args.apply_query_key_layer_scaling else 1.0
+        self.softmax_in_fp32 = args.attention_softmax_in_fp32 or self.coeff != 1.0
+
+    def dropout(self, probs: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.dropout_p > 0):
+            return probs
+        with tensor_parallel_dropout_context(self.tp_group):
+            return F.dropout(probs, self.dropout_p, training=True)
+
+    @staticmethod
+    def scores_layout(q, k, v):
+        """`(b, nq, sq, d)`, `(b, nq, d, sk)`, `(b, nq, sk, d)` with key/value heads repeated."""
+        groups = q.shape[2] // k.shape[2]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=2)  # (s, b, nq, d)
+            v = v.repeat_interleave(groups, dim=2)
+        return q.permute(1, 2, 0, 3), k.permute(1, 2, 3, 0), v.permute(1, 2, 0, 3)
+
+    def raw_scores(self, q, k):
+        """`q k^T * scale / coeff`: `(b, nq, sq, sk)` in the compute dtype."""
+        return torch.matmul(q * (self.scale / self.coeff), k)
+
+    def context(self, probs, v):
+        out = torch.matmul(self.dropout(probs.to(v.dtype)), v)  # (b, nq, sq, d)
+        return out.permute(2, 0, 1, 3)  # (s, b, nq, d)
+
+
+class ReferenceAttention(AttentionBackend):
+    """Explicit scores, causal mask and softmax in PyTorch (`megatron.kernels`' reference)."""
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        return reference_scaled_masked_softmax(
+            scores, None, self.coeff, causal=True, softmax_in_fp32=self.softmax_in_fp32
+        )
+
+    def forward(self, q, k, v, bias=None):
+        q, k, v = self.scores_layout(q, k, v)
+        scores = self.raw_scores(q, k)  # (b, nq, sq, sk); the softmax multiplies by coeff
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype) / self.coeff  # ALiBi, before that scale
+        return self.context(self.softmax(scores), v)
+
+
+class FusedSoftmaxAttention(ReferenceAttention):
+    """Scale, causal mask and softmax in one CUDA kernel (`FusedScaleMaskSoftmax`), which
+    falls back to the PyTorch reference where the kernel does not apply."""
+
+    def __init__(self, args: ModelArgs, layer_number: int, tp_group=None):
+        super().__init__(args, layer_number, tp_group)
+        self.fused_softmax = FusedScaleMaskSoftmax(
+            AttnMaskType.causal,
+            fusion=True,
+            softmax_in_fp32=self.softmax_in_fp32,
+            scale=self.coeff,
+        )
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        return self.fused_softmax(scores)
+
+
+class SDPAAttention(AttentionBackend):
+    """`torch.nn.functional.scaled_dot_product_attention` (flash/memory-efficient kernels)."""
+
+    def forward(self, q, k, v, bias=None):
+        # (s, b, n, d) -> (b, n, s, d)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+        mask = None
+        if bias is not None:
+            sq, sk = q.shape[-2], k.shape[-2]
+            blocked = causal_mask(sq, sk, q.device)
+            mask = bias.to(q.dtype).masked_fill(blocked, torch.finfo(q.dtype).min)
+        dropout_p = self.dropout_p if self.training else 0.0
+        rng = tensor_parallel_dropout_context(self.tp_group) if dropout_p else None
+        with rng or contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
+        return out.permute(2, 0, 1, 3)  # (s, b, nq, d)
+
+
+# (attention type, softmax fusion on) -> backend class
+ATTENTION_BACKENDS: dict[str, dict[bool, type[AttentionBackend]]] = {
+    "global": {False: ReferenceAttention, True: FusedSoftmaxAttention},
+    "flash": {False: SDPAAttention, True: SDPAAttention},
+    "sdpa": {False: SDPAAttention, True: SDPAAttention},
+}
+
+
+def build_attention_backend(args: ModelArgs, layer_index: int, tp_group=None) -> AttentionBackend:
+    """The backend of transformer layer `layer_index` (0-based)."""
+    kind = args.attention_type(layer_index)
+    by_fusion = choose(ATTENTION_BACKENDS, "attention_config type", kind)
+    return by_fusion[args.softmax_fusion](args, layer_index + 1, tp_group)

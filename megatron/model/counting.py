@@ -1,0 +1,93 @@
+"""Parameter counts: analytic from the config, and real across the ranks of a built model.
+
+`count_parameters(cfg)` is what start-up reports; `count_model_parameters(model, topology)`
+counts what was actually built, so tests can hold the two equal. For the Pythia-160M shape
+(12 layers, hidden 768, 12 heads, vocab padded to 50304, untied, biases, layernorm, gelu,
+rotary) both give 162,322,944.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron.model.activations import build_activation
+from megatron.model.args import ModelArgs, choose
+from megatron.model.mlp import mlp_inner_size
+from megatron.model.norms import NORMS
+from megatron.parallel import is_tensor_parallel
+from megatron.parallel.comm import group_size
+
+
+def _norm_parameters(args: ModelArgs, dim: int) -> int:
+    cls, _ = choose(NORMS, "norm", args.norm)
+    per_norm = {
+        "LayerNorm": dim * (2 if args.use_bias_in_norms else 1),
+        "RMSNorm": dim * (2 if args.use_bias_in_norms else 1),
+        "ScaleNorm": 1,
+        "NonParametricLayerNorm": 0,
+    }
+    return per_norm[cls.__name__]
+
+
+def layer_parameters(args: ModelArgs) -> int:
+    """Parameters of one transformer layer."""
+    h, d = args.hidden_size, args.head_dim
+    nq, nkv = args.num_attention_heads, args.kv_heads
+    qkv_rows = (nq + 2 * nkv) * d
+    attn_bias = args.use_bias_in_attn_linear
+    attention = h * qkv_rows + nq * d * h + (qkv_rows + h if attn_bias else 0)
+    if args.use_qk_layernorm:
+        attention += 2 * _norm_parameters(args, d)
+    ffn = mlp_inner_size(args)
+    inputs = 2 if build_activation(args.activation).gated else 1
+    mlp = (inputs + 1) * h * ffn + ((inputs * ffn + h) if args.use_bias_in_mlp else 0)
+    norms = _norm_parameters(args, h) * (1 if args.gpt_j_residual and args.gpt_j_tied else 2)
+    return attention + mlp + norms
+
+
+def parameter_breakdown(args: ModelArgs) -> dict[str, int]:
+    """Parameters per part: embedding, position, layers (all of them), final_norm, head."""
+    h = args.hidden_size
+    return {
+        "embedding": args.vocab_size * h,
+        "position": args.max_positions * h if args.pos_emb == "learned" else 0,
+        "layers": args.num_layers * layer_parameters(args),
+        "final_norm": _norm_parameters(args, h),
+        "head": 0 if args.tied_embeddings else args.vocab_size * h,
+    }
+
+
+def count_parameters(cfg) -> int:
+    """Total parameters from a resolved config (or a `ModelArgs`), tied weights counted once."""
+    args = cfg if isinstance(cfg, ModelArgs) else ModelArgs.from_config(cfg)
+    return sum(parameter_breakdown(args).values())
+
+
+def count_model_parameters(model: torch.nn.Module, topology=None) -> int:
+    """Unique parameters of the whole model, summed over tensor and pipeline ranks.
+
+    Collective over the model-parallel ranks (call it on every rank). A tensor-parallel shard
+    counts its own elements; a replicated parameter counts on tensor-parallel rank 0 only; a
+    tied copy on a later pipeline stage (DeepSpeed's `ds_pipe_replicated`) is not counted.
+    Data-parallel replicas are not summed.
+    """
+    if topology is None:
+        return sum(p.numel() for p in model.parameters())
+    tp_rank = topology.tp_rank
+    local = 0
+    for p in model.parameters():
+        if getattr(p, "ds_pipe_replicated", False):
+            continue
+        if is_tensor_parallel(p) or tp_rank == 0:
+            local += p.numel()
+    groups = [g for g in (topology.tp_group, topology.pp_group) if group_size(g) > 1]
+    if not groups:
+        return local
+    # NCCL reduces device tensors only; gloo CPU ones.
+    on_gpu = dist.get_backend(groups[0]) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
+    total = torch.tensor([local], dtype=torch.int64, device=device)
+    for group in groups:
+        dist.all_reduce(total, group=group)
+    return int(total.item())

@@ -1,0 +1,146 @@
+"""`build_model(cfg, topology)`: the GPT model for DeepSpeed's pipeline or plain engine.
+
+- `pipe_parallel_size >= 1`: a DeepSpeed `PipelineModule` over `gpt_layer_specs` (layers
+  split by `pipe_partition_method`, activation checkpointing every `checkpoint_num_layers`
+  transformer layers when `checkpoint_activations`, `loss_fn` set, DeepSpeed topology from the
+  `ParallelTopology`). Feed the engine `((tokens, position_ids), (labels, loss_mask))`.
+- `pipe_parallel_size == 0`: `GPTModel`, the same layers (same parameter names) as one
+  `nn.Module` for DeepSpeed's ordinary engine (ZeRO 2/3): `model(tokens, position_ids)` gives
+  logits `(b, s, V/tp)`, `model.loss_fn(logits, (labels, loss_mask))` the loss.
+
+Both are built in fp32 on the CPU (the pipeline module then moves itself to the accelerator);
+DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group,
+`args` (the `ModelArgs`) and, with tensor parallelism, hooks summing the gradients of
+sequence-parallel/partial replicated parameters over the tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import deepspeed
+import torch
+from deepspeed.pipe import PipelineModule, TiedLayerSpec
+from torch import nn
+
+from megatron.model.args import ModelArgs
+from megatron.model.loss import bound_loss_fn
+from megatron.model.specs import TRANSFORMER_LAYER_NAMES, gpt_layer_specs
+from megatron.parallel import register_sequence_parallel_grad_hooks
+from megatron.parallel.comm import group_size
+
+PARTITION_METHODS = ("parameters", "uniform", "type:")
+
+
+class GPTModel(nn.Module):
+    """The GPT layers run in one process (no pipeline), named as in the `PipelineModule`.
+
+    Activation checkpointing, when `checkpoint_num_layers > 0`, recomputes runs of that many
+    consecutive transformer layers with DeepSpeed's `checkpoint` (which restores the default
+    and tensor-parallel RNG states, so dropout masks replay exactly).
+    """
+
+    def __init__(self, specs: list, *, loss_fn, checkpoint_num_layers: int = 0):
+        super().__init__()
+        self.loss_fn = loss_fn
+        self.checkpoint_num_layers = checkpoint_num_layers
+        self.tied_modules = nn.ModuleDict()
+        self.forward_funcs = []
+        for index, spec in enumerate(specs):
+            if isinstance(spec, TiedLayerSpec):
+                if spec.key not in self.tied_modules:
+                    self.tied_modules[spec.key] = spec.build()
+                module = self.tied_modules[spec.key]
+                fn = functools.partial(spec.forward_fn, module) if spec.forward_fn else module
+            else:
+                fn = spec.build()
+                self.add_module(str(index), fn)
+            self.forward_funcs.append(fn)
+
+    @staticmethod
+    def _checkpointable(fn) -> bool:
+        return type(fn).__name__ in TRANSFORMER_LAYER_NAMES
+
+    def _run(self, start: int, stop: int):
+        def run(*inputs):
+            x = inputs if len(inputs) > 1 else inputs[0]
+            for fn in self.forward_funcs[start:stop]:
+                x = fn(x)
+            return x
+
+        return run
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """`(b, s)` int64 tokens and positions -> logits `(b, s, V/tp)`."""
+        x = (tokens, position_ids)
+        i, n, chunk = 0, len(self.forward_funcs), self.checkpoint_num_layers
+        while i < n:
+            if chunk and self._checkpointable(self.forward_funcs[i]):
+                j = i
+                while j < n and j - i < chunk and self._checkpointable(self.forward_funcs[j]):
+                    j += 1
+                x = deepspeed.checkpointing.checkpoint(self._run(i, j), *x)
+                i = j
+            else:
+                x = self.forward_funcs[i](x)
+                i += 1
+        return x
+
+
+def configure_activation_checkpointing(args: ModelArgs, topology=None) -> None:
+    """Point DeepSpeed's activation checkpointing at the tensor-parallel group and settings."""
+    mpu = topology if topology is not None and torch.distributed.is_initialized() else None
+    deepspeed.checkpointing.configure(
+        mpu,
+        partition_activations=args.partition_activations and mpu is not None,
+        contiguous_checkpointing=args.contiguous_checkpointing and args.partition_activations,
+        num_checkpoints=args.num_layers,
+        checkpoint_in_cpu=args.checkpoint_in_cpu,
+        synchronize=args.synchronize_each_layer,
+        profile=args.profile_backward,
+    )
+
+
+def _check_partition_method(method: str) -> str:
+    if method in PARTITION_METHODS or method.startswith("type:"):
+        return method
+    raise ValueError(
+        f"pipe_partition_method '{method}' is not valid; expected 'type:transformer' (or "
+        "'type:REGEX' over layer class names), 'parameters' or 'uniform'"
+    )
+
+
+def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
+    """The model for `args` (see the module docstring); `topology` is a `ParallelTopology`
+    (None: one process, no parallelism)."""
+    tp_group = topology.tp_group if topology is not None else None
+    specs = gpt_layer_specs(args, tp_group)
+    interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
+    if interval:
+        configure_activation_checkpointing(args, topology)
+    if args.pipe_parallel_size >= 1:
+        if topology is None:
+            raise ValueError(
+                f"pipe_parallel_size {args.pipe_parallel_size} builds a DeepSpeed "
+                "PipelineModule, which needs the ParallelTopology (and torch.distributed "
+                "initialised); pass build_model(cfg, topology)"
+            )
+        model = PipelineModule(
+            layers=specs,
+            topology=topology.ds_topology,
+            loss_fn=bound_loss_fn(tp_group),
+            partition_method=_check_partition_method(args.pipe_partition_method),
+            activation_checkpoint_interval=interval,
+            checkpointable_layers=TRANSFORMER_LAYER_NAMES,
+        )
+    else:
+        model = GPTModel(specs, loss_fn=bound_loss_fn(tp_group), checkpoint_num_layers=interval)
+    model.args = args
+    if group_size(tp_group) > 1:
+        model.sequence_parallel_grad_hooks = register_sequence_parallel_grad_hooks(model, tp_group)
+    return model
+
+
+def build_model(cfg, topology=None) -> nn.Module:
+    """Build the GPT model from the resolved config (`cfg.model`, `cfg.parallel`, seed)."""
+    return build_gpt(ModelArgs.from_config(cfg), topology)

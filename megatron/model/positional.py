@@ -1,0 +1,151 @@
+"""Positional encodings, chosen by the `pos_emb` key.
+
+Two places can use positions, so each encoding is split into (at most) two parts:
+
+- input side, added to the token embeddings: `learned` (a trained table) and `sinusoidal`;
+- attention side, applied to queries/keys or to the scores: `rotary` (rotates the first
+  `rotary_pct` of each head's dims, GPT-NeoX `rotate_half` convention, via
+  `megatron.kernels.apply_rotary_pos_emb`) and `alibi` (a per-head linear bias on the scores).
+
+`none` uses neither. Every attention-side class implements one method,
+`apply(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
+bias broadcastable to the scores `(b, heads/tp, sq, sk)`. Positions come from the batch's
+`position_ids` `(b, s)`, so documents packed with reset positions are encoded correctly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from megatron.kernels import apply_rotary_pos_emb, reference_rotary
+from megatron.model.args import ModelArgs, choose
+from megatron.model.init_methods import input_init
+from megatron.parallel.comm import group_rank, group_size
+
+
+class LearnedPositionEmbedding(nn.Embedding):
+    """A trained `(max_positions, h)` table, replicated on every tensor-parallel rank."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args.max_positions, args.hidden_size)
+        input_init(args)(self.weight.data)
+
+
+class SinusoidalPositionEmbedding(nn.Module):
+    """The fixed `[sin(p w), cos(p w)]` encoding of "Attention is all you need" (no weights)."""
+
+    def __init__(self, args: ModelArgs, base: float = 10000.0):
+        super().__init__()
+        self.dim, self.base = args.hidden_size, base
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        inv_freq = 1.0 / (
+            self.base
+            ** (torch.arange(0, self.dim, 2, device=position_ids.device).float() / self.dim)
+        )
+        angles = position_ids.float().unsqueeze(-1) * inv_freq  # (b, s, h/2)
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (b, s, h)
+
+
+class NoAttentionPositions(nn.Module):
+    """Attention side of `learned`, `sinusoidal` and `none`: leaves q and k as they are."""
+
+    def __init__(self, args: ModelArgs, tp_group=None):
+        super().__init__()
+
+    def apply(self, q, k, position_ids):
+        return q, k, None
+
+
+class RotaryEmbedding(NoAttentionPositions):
+    """Rotary position embedding on the first `rotary_pct` of each head's dims.
+
+    Angles are computed in fp32 from `position_ids` on each call (the inverse frequencies are
+    a few dozen numbers, so no buffer exists for a bf16/fp16 cast to degrade). With
+    `rope_fusion`, batches whose rows share their positions go through the kernel package's
+    fused path; otherwise (and for per-row positions) through its PyTorch reference.
+    """
+
+    def __init__(self, args: ModelArgs, tp_group=None):
+        super().__init__(args, tp_group)
+        self.rot_dim = int(args.head_dim * args.rotary_pct)
+        if self.rot_dim < 2 or self.rot_dim % 2:
+            raise ValueError(
+                f"rotary_pct {args.rotary_pct} of head dim {args.head_dim} gives {self.rot_dim} "
+                "rotary dims; it must be an even number >= 2"
+            )
+        self.base = float(args.rotary_emb_base)
+        self.fused = args.rope_fusion
+
+    def cos_sin(self, position_ids: torch.Tensor):
+        """fp32 `cos, sin` of shape `(s, b, 1, rot_dim)` for `position_ids` `(b, s)`."""
+        exponent = torch.arange(0, self.rot_dim, 2, device=position_ids.device).float()
+        inv_freq = 1.0 / (self.base ** (exponent / self.rot_dim))  # (rot/2,)
+        angles = position_ids.float().unsqueeze(-1) * inv_freq  # (b, s, rot/2)
+        emb = torch.cat((angles, angles), dim=-1).transpose(0, 1).unsqueeze(2)  # (s, b, 1, rot)
+        return emb.cos(), emb.sin()
+
+    def apply(self, q, k, position_ids):
+        # q (s, b, nq, d), k (s, b, nkv, d)
+        cos, sin = self.cos_sin(position_ids)
+        # The fused kernel takes one (s, 1, 1, rot) table for the whole batch; checking that
+        # the rows agree costs a device sync, so only when the kernel was asked for.
+        if self.fused and bool((position_ids == position_ids[:1]).all()):
+            q, k = apply_rotary_pos_emb(q, k, cos[:, :1], sin[:, :1], fused=True)
+            return q, k, None
+        return reference_rotary(q, cos, sin), reference_rotary(k, cos, sin), None
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's per-head slopes: a geometric sequence, interleaved for non-powers of two."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    start = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [start ** (i + 1) for i in range(closest)]
+    if closest < num_heads:
+        slopes += alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+    return slopes
+
+
+class AlibiBias(NoAttentionPositions):
+    """ALiBi: adds `slope_h * (pos_k - pos_q)` (<= 0 where attention is allowed) to scores.
+
+    Each tensor-parallel rank keeps the slopes of its own heads.
+    """
+
+    def __init__(self, args: ModelArgs, tp_group=None):
+        super().__init__(args, tp_group)
+        local = args.num_attention_heads // group_size(tp_group)
+        first = group_rank(tp_group) * local
+        slopes = torch.tensor(alibi_slopes(args.num_attention_heads)[first : first + local])
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def apply(self, q, k, position_ids):
+        pos = position_ids.float()
+        distance = pos.unsqueeze(1) - pos.unsqueeze(2)  # (b, sq, sk): pos_k - pos_q
+        bias = self.slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(1)  # (b, n/tp, sq, sk)
+        return q, k, bias
+
+
+# pos_emb -> (input-side class or None, attention-side class)
+POSITIONAL_ENCODINGS: dict[str, tuple[type[nn.Module] | None, type[NoAttentionPositions]]] = {
+    "learned": (LearnedPositionEmbedding, NoAttentionPositions),
+    "sinusoidal": (SinusoidalPositionEmbedding, NoAttentionPositions),
+    "rotary": (None, RotaryEmbedding),
+    "alibi": (None, AlibiBias),
+    "none": (None, NoAttentionPositions),
+}
+
+
+def build_input_positions(args: ModelArgs) -> nn.Module | None:
+    """The input-side encoding (added to token embeddings), or None."""
+    cls, _ = choose(POSITIONAL_ENCODINGS, "pos_emb", args.pos_emb)
+    return cls(args) if cls is not None else None
+
+
+def build_attention_positions(args: ModelArgs, tp_group=None) -> NoAttentionPositions:
+    """The attention-side encoding (identity for input-side or no encodings)."""
+    _, cls = choose(POSITIONAL_ENCODINGS, "pos_emb", args.pos_emb)
+    return cls(args, tp_group)
