@@ -117,12 +117,14 @@ class FusedScaleMaskSoftmax(nn.Module):
             )
         if mask is not None:
             try:
-                torch.broadcast_shapes(mask.shape, scores.shape)
+                broadcasts = torch.broadcast_shapes(mask.shape, scores.shape) == scores.shape
             except RuntimeError:
+                broadcasts = False
+            if not broadcasts:
                 raise ValueError(
                     f"FusedScaleMaskSoftmax: mask shape {tuple(mask.shape)} does not broadcast "
                     f"to scores shape {tuple(scores.shape)}; use (b or 1, 1, sq or 1, sk)"
-                ) from None
+                )
             if mask.dtype != torch.bool:
                 raise ValueError(
                     f"FusedScaleMaskSoftmax: mask must be bool (True = masked), got {mask.dtype}"

@@ -142,6 +142,7 @@ def test_kernel_path_refuses_cpu_tensors_with_a_reason():
     [
         (torch.randn(3, 4, 4), None, "must be \\(b, np, sq, sk\\)"),
         (torch.randn(1, 1, 4, 4), torch.zeros(1, 1, 3, 4, dtype=torch.bool), "does not broadcast"),
+        (torch.randn(1, 1, 4, 4), torch.zeros(2, 1, 4, 4, dtype=torch.bool), "does not broadcast"),
         (torch.randn(1, 1, 4, 4), torch.zeros(1, 1, 4, 4), "must be bool"),
     ],
 )
