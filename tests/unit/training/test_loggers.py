@@ -1,0 +1,124 @@
+"""Loggers: the console line, metrics.jsonl, TensorBoard events and offline wandb."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+from megatron.training.loggers import (
+    TRAIN_KEYS,
+    ConsoleLogger,
+    JsonlLogger,
+    build_loggers,
+    format_train_line,
+)
+
+RECORD = {
+    "iteration": 20,
+    "loss": 4.12345,
+    "lr": 0.002,
+    "grad_norm": 1.5,
+    "loss_scale": None,
+    "skipped": 0,
+    "tokens_per_sec": 12345.6,
+    "tflops_per_gpu": 0.125,
+    "mfu": None,
+    "elapsed_s": 83.0,
+    "eta_s": 3725.0,
+}
+EVAL = {"iteration": 20, "split": "valid", "loss": 3.5, "perplexity": 33.115}
+
+
+def test_console_line_has_every_figure():
+    line = format_train_line({**RECORD, "loss_scale": 65536.0, "mfu": 0.123}, 600)
+    for part in (
+        "iteration 20/600",
+        "loss 4.1235",
+        "lr 2.000E-03",
+        "grad norm 1.500",
+        "loss scale 65536",
+        "skipped 0",
+        "12,346 tokens/s",
+        "0.125 TFLOP/s/GPU",
+        "MFU 12.3%",
+        "elapsed 0:01:23",
+        "ETA 1:02:05",
+    ):
+        assert part in line
+    plain = format_train_line(RECORD, 600)
+    assert "MFU" not in plain and "loss scale" not in plain  # CPU fp32: none to show
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    tty, pipe = _Tty(), io.StringIO()
+    ConsoleLogger(80, tty).log_train(RECORD)
+    ConsoleLogger(80, pipe).log_train(RECORD)
+    assert tty.getvalue().startswith("[######..................] iteration 20/80")
+    assert pipe.getvalue().startswith("iteration 20/80")
+
+
+def test_jsonl_one_object_per_record(tmp_path):
+    logger = JsonlLogger(tmp_path / "logs")
+    logger.log_train({**RECORD, "grad_norm": float("nan")})
+    logger.log_eval(EVAL)
+    logger.close()
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    train, valid = (json.loads(line) for line in lines)
+    assert set(TRAIN_KEYS) <= set(train) and train["grad_norm"] is None
+    assert valid == EVAL
+
+
+def _cfg(make_config, tmp_path, **changes):
+    return make_config(log_dir=str(tmp_path / "logs"), **changes)
+
+
+def test_build_loggers_rank0_only(make_config, tmp_path):
+    cfg = _cfg(make_config, tmp_path)
+    assert build_loggers(cfg, rank=1).loggers == []
+    kinds = [type(x).__name__ for x in build_loggers(cfg, rank=0).loggers]
+    assert kinds == ["ConsoleLogger", "JsonlLogger"]
+
+
+def test_tensorboard_scalars(make_config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = _cfg(make_config, tmp_path, tensorboard_dir=str(tmp_path / "tb"))
+    loggers = build_loggers(cfg, rank=0, train_iters=80)
+    loggers.log_train(RECORD)
+    loggers.log_eval(EVAL)
+    loggers.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/tokens_per_sec", "valid/perplexity"} <= tags
+    assert "train/mfu" not in tags  # None is not a scalar
+    (loss,) = events.Scalars("train/loss")
+    assert (loss.step, loss.value) == (20, pytest.approx(4.12345))
+
+
+def test_wandb_offline(make_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = _cfg(make_config, tmp_path, use_wandb=True, wandb_project="test")
+    loggers = build_loggers(cfg, rank=0, train_iters=80)
+    assert type(loggers.loggers[-1]).__name__ == "WandbLogger"
+    loggers.log_train(RECORD)
+    loggers.log_eval(EVAL)
+    loggers.close()
+    (run_file,) = (tmp_path / "logs" / "wandb").glob("offline-run-*/run-*.wandb")
+    names = (b"train/loss", b"train/tokens_per_sec", b"valid/perplexity")
+    for _ in range(100):  # wandb's service may still be writing the record after finish()
+        data = run_file.read_bytes()  # the offline record `wandb sync` uploads (protobuf)
+        if all(name in data for name in names):
+            break
+        time.sleep(0.2)
+    for name in names:
+        assert name in data
