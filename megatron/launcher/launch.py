@@ -1,0 +1,128 @@
+"""Launcher side: everything `deepy.py` needs to start the runner safely, in one call.
+
+    with prepare_launch(cfg.launcher, "train.py", ["--megatron_config", bundle]) as plan:
+        print(plan.display())               # the runner command, secrets redacted
+        returncode = run_launch(plan)       # blocks until every worker has exited
+
+`prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
+runner's environment. For a local launch the environment is passed through unchanged.
+For a multi-node launch, variables that look secret (`is_secret_name`) are removed from
+the runner's environment and written to a private file (see megatron.launcher.secrets),
+which the context manager deletes on exit. On a machine without GPUs, a local launch also
+gets DS_ACCELERATOR=cpu so the runner and workers do not probe for accelerators.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from megatron.launcher.plan import LaunchResources, local_device_count, plan_resources
+from megatron.launcher.runner import runner_argv_for_plan
+from megatron.launcher.secrets import (
+    SECRETS_FILE_VAR,
+    redact_argv,
+    secret_names,
+    write_secrets_file,
+)
+
+DEFAULT_SECRETS_DIR = ".megatron_launch"
+
+
+@dataclass
+class LaunchPlan:
+    """A ready launch: run `argv` with `env` (e.g. `run_launch(plan)`)."""
+
+    argv: list[str]
+    """The runner command line; holds no secret values."""
+    env: dict[str, str]
+    """The runner's environment."""
+    resources: LaunchResources
+    """Hosts and slots; `resources.world_size` is the number of workers."""
+    secrets_file: str | None = None
+    """The file holding forwarded secrets (multi-node only); deleted when the launch ends."""
+    forwarded_secrets: list[str] = field(default_factory=list)
+    """Names of the secret variables sent through `secrets_file`."""
+    extra_secret_names: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.world_size
+
+    def display(self) -> str:
+        """The runner command as one shell line, safe to print or log."""
+        return shlex.join(redact_argv(self.argv, self.env, self.extra_secret_names))
+
+
+@contextmanager
+def prepare_launch(
+    launcher: object,
+    script: str,
+    user_args: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+    secrets_dir: str | None = None,
+    extra_secret_names: Iterable[str] = (),
+    device_count: int | None = None,
+) -> Iterator[LaunchPlan]:
+    """Resolve, validate and stage a launch; clean up its files on exit.
+
+    Args:
+        launcher: `cfg.launcher` (see `build_runner_argv` for the keys).
+        script, user_args: the worker script and its arguments (e.g. the config bundle).
+        environ: the environment to start from (default `os.environ`); not modified.
+        python: interpreter for the runner.
+        secrets_dir: where a multi-node launch writes its secrets file; it must be on a
+            filesystem every node sees (default: `.megatron_launch/` in the working
+            directory, which the pdsh backend already requires to be shared).
+        extra_secret_names: variables to treat as secrets besides `is_secret_name` matches.
+        device_count: GPUs on this machine (None: ask torch).
+
+    Raises:
+        LauncherError: a bad setting, hostfile or argument, before anything starts.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    extra = tuple(extra_secret_names)
+    resources = plan_resources(launcher, device_count=device_count)
+    env = dict(environ)
+    secrets_file = None
+    forwarded: list[str] = []
+    if resources.multi_node:
+        forwarded = secret_names(environ, extra)
+        if forwarded:
+            directory = secrets_dir or os.path.join(os.getcwd(), DEFAULT_SECRETS_DIR)
+            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, directory)
+            for name in forwarded:
+                del env[name]
+            env[SECRETS_FILE_VAR] = secrets_file
+    elif resources.hostfile is None and _no_gpu(device_count):
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    argv = runner_argv_for_plan(
+        resources,
+        script,
+        user_args,
+        python=python,
+        forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
+        env_script=secrets_file,
+    )
+    plan = LaunchPlan(argv, env, resources, secrets_file, forwarded, extra)
+    try:
+        yield plan
+    finally:
+        if secrets_file and os.path.exists(secrets_file):
+            os.remove(secrets_file)
+
+
+def run_launch(plan: LaunchPlan) -> int:
+    """Run the runner in the foreground; return its exit status (0: every worker succeeded)."""
+    return subprocess.call(plan.argv, env=plan.env)
+
+
+def _no_gpu(device_count: int | None) -> bool:
+    return (local_device_count() if device_count is None else device_count) == 0

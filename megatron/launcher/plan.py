@@ -1,0 +1,146 @@
+"""Which hosts and slots a launch will use, resolved the way DeepSpeed 0.19.8's runner does.
+
+The runner (deepspeed/launcher/runner.py) builds a resource pool from the hostfile (or, with
+no hostfile, `{"localhost": <accelerator count>}`), applies include/exclude, then keeps the
+first `num_nodes` hosts and `num_gpus` slots per host. With more than one host left, or
+`--force_multi`, it starts the multi-node backend (pdsh/srun/mpirun); otherwise it runs
+`deepspeed.launcher.launch` locally, which starts one process per slot and sets RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR (127.0.0.1) and MASTER_PORT.
+
+On a machine without GPUs DeepSpeed's CPU accelerator counts NUMA nodes instead; this
+module makes that explicit: no hostfile, no GPU and no `num_gpus` means one CPU rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from megatron.launcher.errors import LauncherError
+from megatron.launcher.hostfile import (
+    DEFAULT_HOSTFILE,
+    apply_resource_filter,
+    read_hostfile,
+    trim_resources,
+)
+from megatron.launcher.settings import LauncherSettings
+
+logger = logging.getLogger(__name__)
+
+LOCAL_SOURCE = "this machine"
+
+
+@dataclass(frozen=True)
+class LaunchResources:
+    """The resolved launch: hosts, slots per host and how the runner will start them."""
+
+    settings: LauncherSettings
+    hostfile: str | None
+    """The hostfile the runner reads (absolute), or None for this machine only."""
+    resources: OrderedDict[str, list[int]]
+    """{host: slot ids} after include/exclude/num_nodes/num_gpus."""
+    num_gpus: int | None
+    """The `--num_gpus` value to pass (None: leave it to the hostfile or the GPU count)."""
+    multi_node: bool
+    """True: the runner uses the multi-node backend; False: a local launch.py."""
+
+    @property
+    def world_size(self) -> int:
+        """The number of worker processes the launch starts."""
+        return sum(len(slots) for slots in self.resources.values())
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.resources)
+
+
+def resolve_hostfile(settings: LauncherSettings) -> str | None:
+    """The hostfile the runner will read: `hostfile`, else DeepSpeed's /job/hostfile if any."""
+    if settings.hostfile is not None:
+        return os.path.abspath(os.path.expanduser(settings.hostfile))
+    return DEFAULT_HOSTFILE if os.path.isfile(DEFAULT_HOSTFILE) else None
+
+
+def local_device_count() -> int:
+    """GPUs visible on this machine (0 without CUDA)."""
+    import torch  # deferred: the launcher CLI should not pay for torch unless needed
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan_resources(launcher: object, *, device_count: int | None = None) -> LaunchResources:
+    """Resolve `launcher` (cfg.launcher or LauncherSettings) into the hosts and slots used.
+
+    `device_count` is the number of GPUs on this machine (None: ask torch); it only matters
+    without a hostfile.
+    """
+    settings = LauncherSettings.from_config(launcher)
+    hostfile = resolve_hostfile(settings)
+    num_gpus = settings.num_gpus
+    if settings.include or settings.exclude:
+        if settings.num_nodes > 0:
+            raise LauncherError(
+                f"num_nodes: {settings.num_nodes} cannot be combined with include/exclude "
+                "(the runner rejects it); pick hosts with include/exclude only"
+            )
+        if num_gpus is not None:
+            logger.warning(
+                "num_gpus: %s is ignored because include/exclude already selects the slots",
+                num_gpus,
+            )
+            num_gpus = None
+    if settings.is_mpi:
+        _check_mpi(settings, hostfile)
+
+    if hostfile is not None:
+        pool, source = read_hostfile(hostfile), f"hostfile {hostfile}"
+        check_source: str | None = source
+    else:
+        if settings.num_nodes > 1:
+            raise LauncherError(
+                f"num_nodes: {settings.num_nodes} needs a hostfile listing the nodes; "
+                "without one the runner only uses this machine"
+            )
+        count = local_device_count() if device_count is None else device_count
+        if count == 0 and num_gpus is None and not settings.include:
+            num_gpus = 1  # one CPU rank by default, whatever the NUMA layout
+        pool = OrderedDict(localhost=max(count, 1))
+        source = LOCAL_SOURCE
+        check_source = source if count > 0 else None  # CPU ranks: any number is fine
+    resources = apply_resource_filter(pool, settings.include, settings.exclude, source=source)
+    resources = trim_resources(resources, settings.num_nodes, num_gpus, source=check_source)
+    forced = settings.force_multi or settings.launcher != "pdsh"
+    return LaunchResources(
+        settings=settings,
+        hostfile=hostfile,
+        resources=resources,
+        num_gpus=num_gpus,
+        multi_node=forced or len(resources) > 1,
+    )
+
+
+def planned_world_size(launcher: object, *, device_count: int | None = None) -> int:
+    """The number of worker processes `launcher` will start (for the config's world size)."""
+    return plan_resources(launcher, device_count=device_count).world_size
+
+
+def _check_mpi(settings: LauncherSettings, hostfile: str | None) -> None:
+    """MPI backends size the job from the hostfile alone (the runner rejects the rest)."""
+    for key in ("include", "exclude"):
+        if getattr(settings, key):
+            raise LauncherError(
+                f"{key}: launcher {settings.launcher} cannot select hosts or slots; edit "
+                "the hostfile instead"
+            )
+    if settings.num_nodes != -1 or settings.num_gpus is not None:
+        raise LauncherError(
+            f"num_nodes/num_gpus: launcher {settings.launcher} runs one process per hostfile "
+            "slot and cannot limit nodes or GPUs; leave them unset and edit the hostfile"
+        )
+    if hostfile is None:
+        raise LauncherError(
+            f"launcher: {settings.launcher} needs a hostfile ('HOSTNAME slots=N' per node) "
+            "to know where to start processes; set hostfile"
+        )

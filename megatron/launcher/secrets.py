@@ -1,0 +1,156 @@
+"""Secrets (API keys, tokens, passwords) reach the workers through files and environments only.
+
+How DeepSpeed 0.19.8's runner moves environment variables to the workers, and why this
+module exists:
+
+* local launch (one host): `deepspeed.launcher.launch` inherits the whole environment;
+  nothing is printed but the command line, so secrets can simply stay in the environment.
+* pdsh: the remote shell starts empty; the runner copies variables whose names start with
+  PYTHON, MLFLOW, MV2, UCX (and NCCL on CUDA) plus the lines of `.deepspeed_env` into the
+  pdsh command as `export NAME=value;` and logs that command: a secret there is visible in
+  the log and in `ps` on every node.
+* slurm: `srun --export=ALL,NAME=value,...` with the same list on the command line.
+* openmpi: `mpirun -x NAME=value` likewise, and nothing else crosses to remote nodes.
+* mpich/impi/mvapich: `mpirun -genv NAME value`; the hydra launcher also forwards the
+  whole environment by default.
+
+So for multi-node launches, variables that look secret (`is_secret_name`) are taken out of
+the runner's environment and written to a private file (mode 0600, shell syntax) in a
+directory every node can read. Workers learn its path from `MEGATRON_SECRETS_FILE` (a path,
+not a secret) and `load_forwarded_secrets()` puts the values back into `os.environ`; for
+pdsh the runner also `source`s the file (`--venv_script`) on each node before starting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import tempfile
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+
+from megatron.launcher.errors import WorkerEnvironmentError
+
+SECRETS_FILE_VAR = "MEGATRON_SECRETS_FILE"
+REDACTED = "***"
+# A name is secret when one of its `_`-separated words is one of these (WANDB_API_KEY,
+# HF_TOKEN, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, ...). SSH_AUTH_SOCK is not:
+# pdsh and ssh need it in the runner's own environment.
+_SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS"}
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ASSIGNMENT_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=([^\s,;]*)")
+_MIN_REDACT_LEN = 4  # shorter values would redact ordinary substrings of commands
+
+
+def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether an environment variable name holds a secret (or is listed in `extra`)."""
+    if name in set(extra):
+        return True
+    return any(word in _SECRET_WORDS for word in name.upper().split("_"))
+
+
+def secret_names(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
+    """The names of the secret variables set in `environ`, sorted."""
+    extra = set(extra)
+    return sorted(name for name in environ if is_secret_name(name, extra))
+
+
+def redact_env(env: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
+    """A copy of `env` with every secret value replaced by `***`, for printing."""
+    extra = set(extra)
+    return {k: (REDACTED if is_secret_name(k, extra) else v) for k, v in env.items()}
+
+
+def redact_text(text: str, environ: Mapping[str, str], extra: Iterable[str] = ()) -> str:
+    """`text` with the value of every secret variable of `environ` replaced by `***`."""
+    values = {environ[name] for name in secret_names(environ, extra)}
+    for value in sorted(values, key=len, reverse=True):  # longest first: no partial leftovers
+        if len(value) >= _MIN_REDACT_LEN:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def redact_argv(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, extra: Iterable[str] = ()
+) -> list[str]:
+    """`argv` safe to print.
+
+    Replaces with `***` the values of the secret variables of `environ` (default
+    `os.environ`) wherever they occur, the value of any `NAME=value` whose NAME is secret
+    (`--export=ALL,HF_TOKEN=...`, `-x HF_TOKEN=...`, `export HF_TOKEN=...;`), and the value
+    after `-genv/-env NAME` (MPICH/Intel MPI syntax).
+    """
+    environ = os.environ if environ is None else environ
+    extra = set(extra)
+
+    def hide(match: re.Match) -> str:
+        name = match.group(1)
+        return f"{name}={REDACTED}" if is_secret_name(name, extra) else match.group(0)
+
+    out: list[str] = []
+    for index, arg in enumerate(argv):
+        after_genv = index >= 2 and argv[index - 2] in ("-genv", "-env")
+        if after_genv and is_secret_name(argv[index - 1], extra):
+            out.append(REDACTED)
+            continue
+        out.append(_ASSIGNMENT_RE.sub(hide, redact_text(arg, environ, extra)))
+    return out
+
+
+def write_secrets_file(values: Mapping[str, str], directory: str) -> str:
+    """Write `values` as `export NAME='value'` lines to a new mode-0600 file in `directory`.
+
+    The directory is created (mode 0700) if needed; the caller deletes the file when the
+    run ends. Returns the file's absolute path.
+    """
+    for name in values:
+        if not _NAME_RE.match(name):
+            raise ValueError(f"secret name {name!r} is not a valid environment variable name")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="secrets-", suffix=".sh", dir=directory)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:  # mkstemp creates it 0600
+        for name, value in sorted(values.items()):
+            handle.write(f"export {name}={shlex.quote(value)}\n")
+    return os.path.abspath(path)
+
+
+def read_secrets_file(path: str) -> dict[str, str]:
+    """Parse a file written by `write_secrets_file` back into {name: value}."""
+    if not os.path.isfile(path):
+        raise WorkerEnvironmentError(
+            f"{SECRETS_FILE_VAR}={path!r} does not exist on this node; deepy.py writes it in a "
+            "directory that every node must see (a shared filesystem, like the working "
+            "directory)"
+        )
+    values = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            words = shlex.split(line)
+            if not words:
+                continue
+            if len(words) != 2 or words[0] != "export" or "=" not in words[1]:
+                raise WorkerEnvironmentError(
+                    f"{SECRETS_FILE_VAR} file {path!r}, line {number}: expected "
+                    "\"export NAME='value'\""
+                )
+            name, value = words[1].split("=", 1)
+            values[name] = value
+    return values
+
+
+def load_forwarded_secrets(environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Worker side: copy the secrets of `$MEGATRON_SECRETS_FILE` into `environ`.
+
+    Variables already set are kept. Returns the names set; [] when the variable is unset
+    (a local launch, where secrets are inherited directly).
+    """
+    environ = os.environ if environ is None else environ
+    path = environ.get(SECRETS_FILE_VAR)
+    if not path:
+        return []
+    loaded = []
+    for name, value in read_secrets_file(path).items():
+        if name not in environ:
+            environ[name] = value
+            loaded.append(name)
+    return loaded
