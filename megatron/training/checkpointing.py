@@ -1,0 +1,233 @@
+"""Checkpoints: when to save, what to save beside DeepSpeed's states, `latest`, pruning, load.
+
+Layout of `{save}/global_step{N}/`:
+
+    DeepSpeed's files         model (and, unless ZeRO, optimizer) states; ZeRO optimizer shards
+    trainer_state.pt          iteration, consumed samples, LR scheduler, skipped-step counts
+    rng_state_rank{R}.pt      Python, NumPy, torch (CPU and CUDA) and tensor-parallel RNG of
+                              every global rank R
+    config.json               the resolved config of the run
+
+`{save}/latest` holds the tag (`global_step{N}`) of the newest complete checkpoint. It is
+written last, by rank 0, after a barrier that every rank reaches only when its own files are
+written, through a temporary file and `os.replace` (atomic on POSIX): a crash mid-save leaves
+`latest` at the previous checkpoint. DeepSpeed's own `latest` writing is switched off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+TRAINER_STATE = "trainer_state.pt"
+CONFIG_FILE = "config.json"
+_TAG = re.compile(r"^global_step(\d+)$")
+
+
+def tag_for(iteration: int) -> str:
+    return f"global_step{iteration}"
+
+
+class SaveSchedule:
+    """Whether to save after an iteration: every `checkpoint_factor` iterations (`linear`) or
+    at its powers 1, f, f², ... (`log`), at `extra_save_iters`, and at `train_iters`."""
+
+    def __init__(
+        self,
+        factor: int | None,
+        scale: str = "linear",
+        extra_iters=None,
+        train_iters: int | None = None,
+    ):
+        if scale not in ("linear", "log"):
+            raise ValueError(f"checkpoint_scale '{scale}' is not valid; expected linear or log")
+        if factor is not None and (factor < 1 or (scale == "log" and factor < 2)):
+            raise ValueError(
+                f"checkpoint_factor {factor} is not valid for checkpoint_scale '{scale}'; "
+                "use >= 1 (linear) or >= 2 (log)"
+            )
+        self.factor, self.scale = factor, scale
+        self.extra = set(extra_iters or ())
+        self.train_iters = train_iters
+
+    def should_save(self, iteration: int) -> bool:
+        if iteration in self.extra or iteration == self.train_iters:
+            return True
+        if not self.factor or iteration < 1:
+            return False
+        if self.scale == "linear":
+            return iteration % self.factor == 0
+        power = round(math.log(iteration, self.factor))
+        return self.factor**power == iteration
+
+    @classmethod
+    def from_config(cls, cfg, train_iters: int | None) -> SaveSchedule:
+        c = cfg.checkpointing
+        return cls(c.checkpoint_factor, c.checkpoint_scale, c.extra_save_iters, train_iters)
+
+
+def read_latest(load_dir: str | Path) -> str | None:
+    """The tag `latest` names, or None when there is nothing to resume."""
+    path = Path(load_dir) / LATEST
+    if not path.is_file():
+        return None
+    tag = path.read_text().strip()
+    if not (Path(load_dir) / tag).is_dir():
+        raise FileNotFoundError(
+            f"{path} names checkpoint '{tag}', but {Path(load_dir) / tag} does not exist; "
+            "point it at an existing global_step folder or remove it to start afresh"
+        )
+    return tag
+
+
+def write_latest(save_dir: str | Path, tag: str) -> None:
+    """Atomically make `latest` name `tag` (temporary file, fsync, os.replace)."""
+    save_dir = Path(save_dir)
+    tmp = save_dir / f".{LATEST}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(tag)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, save_dir / LATEST)
+
+
+def list_checkpoints(save_dir: str | Path) -> list[tuple[int, Path]]:
+    """(iteration, folder) of every `global_step{N}` folder, oldest first."""
+    found = []
+    for path in Path(save_dir).iterdir() if Path(save_dir).is_dir() else ():
+        match = _TAG.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def prune_checkpoints(save_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints, never the one `latest` names."""
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"keep_last_n_checkpoints must be >= 1 (or null), got {keep}")
+    latest_path = Path(save_dir) / LATEST
+    protected = latest_path.read_text().strip() if latest_path.is_file() else None
+    folders = [path for _, path in list_checkpoints(save_dir)]
+    doomed = [path for path in folders[:-keep] if path.name != protected]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def rng_state(tracker=None) -> dict[str, Any]:
+    """Every random stream of this process (`tracker`: the tensor-parallel RNG tracker)."""
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "tracker": tracker.get_states() if tracker is not None else None,
+    }
+    return state
+
+
+def set_rng_state(state: dict[str, Any], tracker=None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if tracker is not None and state.get("tracker") is not None:
+        tracker.set_states(state["tracker"])
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+@dataclass
+class CheckpointIO:
+    """Saves and loads run checkpoints through a DeepSpeed engine (one per run)."""
+
+    engine: Any
+    save_dir: str | None
+    config_dict: dict | None = None
+    keep_last_n: int | None = None
+    save_rng: bool = True
+    tracker: Any = None
+
+    def save(self, iteration: int, trainer_state: dict[str, Any]) -> Path:
+        """Collective: every rank must call it with the same iteration."""
+        if not self.save_dir:
+            raise ValueError("no checkpoint folder: set `save` to save checkpoints")
+        tag, rank = tag_for(iteration), _rank()
+        folder = Path(self.save_dir) / tag
+        self.engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+        if self.save_rng:
+            torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
+        if rank == 0:
+            torch.save({**trainer_state, "iteration": iteration}, folder / TRAINER_STATE)
+            if self.config_dict is not None:
+                (folder / CONFIG_FILE).write_text(json.dumps(self.config_dict, indent=1))
+        _barrier()  # every rank's files are on disk
+        if rank == 0:
+            write_latest(self.save_dir, tag)
+            prune_checkpoints(self.save_dir, self.keep_last_n)
+        _barrier()
+        return folder
+
+    def load(
+        self,
+        load_dir: str | None,
+        *,
+        finetune: bool = False,
+        load_optim: bool = True,
+        load_rng: bool = True,
+    ) -> dict[str, Any] | None:
+        """Restore the newest checkpoint under `load_dir`; returns its trainer state (None when
+        there is none; only the weights, and None, with `finetune`)."""
+        if not load_dir:
+            return None
+        tag = read_latest(load_dir)
+        if tag is None:
+            log.info("no checkpoint under %s (no '%s' file): starting afresh", load_dir, LATEST)
+            return None
+        path, _ = self.engine.load_checkpoint(
+            load_dir,
+            tag=tag,
+            load_optimizer_states=load_optim and not finetune,
+            load_lr_scheduler_states=False,
+            load_module_only=finetune,
+        )
+        if path is None:
+            raise FileNotFoundError(
+                f"DeepSpeed could not load checkpoint '{tag}' from {load_dir}; the folder is "
+                "incomplete or was written by a different parallel layout"
+            )
+        if finetune:
+            return None
+        folder = Path(load_dir) / tag
+        state = torch.load(folder / TRAINER_STATE, weights_only=False)
+        rng_file = folder / f"rng_state_rank{_rank()}.pt"
+        if load_rng and rng_file.is_file():
+            set_rng_state(torch.load(rng_file, weights_only=False), self.tracker)
+        elif load_rng:
+            log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
+        return state

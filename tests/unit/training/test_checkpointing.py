@@ -1,0 +1,124 @@
+"""Checkpoint schedule, atomic `latest`, pruning, RNG round trip, save/load around an engine."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.training.checkpointing import (
+    CheckpointIO,
+    SaveSchedule,
+    list_checkpoints,
+    prune_checkpoints,
+    read_latest,
+    rng_state,
+    set_rng_state,
+    write_latest,
+)
+
+
+def test_linear_and_log_schedules():
+    linear = SaveSchedule(5, "linear", extra_iters=[3], train_iters=12)
+    assert [i for i in range(1, 13) if linear.should_save(i)] == [3, 5, 10, 12]
+    log = SaveSchedule(2, "log", train_iters=40)
+    assert [i for i in range(1, 41) if log.should_save(i)] == [1, 2, 4, 8, 16, 32, 40]
+    assert [i for i in range(1, 30) if SaveSchedule(None).should_save(i)] == []
+    with pytest.raises(ValueError, match="checkpoint_factor 1"):
+        SaveSchedule(1, "log")
+
+
+def test_from_config(make_config):
+    cfg = make_config(checkpoint_factor=3, extra_save_iters=[4])
+    schedule = SaveSchedule.from_config(cfg, train_iters=7)
+    assert [i for i in range(1, 8) if schedule.should_save(i)] == [3, 4, 6, 7]
+
+
+def _fake_checkpoints(root: Path, iterations):
+    for it in iterations:
+        (root / f"global_step{it}").mkdir(parents=True)
+    (root / "not_a_checkpoint").mkdir()
+
+
+def test_latest_is_replaced_atomically(tmp_path):
+    _fake_checkpoints(tmp_path, [10, 20])
+    assert read_latest(tmp_path) is None
+    write_latest(tmp_path, "global_step10")
+    write_latest(tmp_path, "global_step20")
+    assert read_latest(tmp_path) == "global_step20"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    (tmp_path / "latest").write_text("global_step30")
+    with pytest.raises(FileNotFoundError, match="global_step30"):
+        read_latest(tmp_path)
+
+
+def test_prune_keeps_newest_and_latest(tmp_path):
+    _fake_checkpoints(tmp_path, [5, 10, 15, 20, 25])
+    write_latest(tmp_path, "global_step10")  # e.g. a run resumed from an older checkpoint
+    deleted = prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in deleted) == ["global_step15", "global_step5"]
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [10, 20, 25]
+    assert prune_checkpoints(tmp_path, keep=None) == []
+
+
+def test_rng_round_trip():
+    state = rng_state()
+    draws = (random.random(), np.random.rand(), torch.rand(2).tolist())
+    set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(2).tolist()) == draws
+
+
+class FakeEngine:
+    """Stands in for DeepSpeed's engine: writes one file per save."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+        self.loaded = None
+
+    def save_checkpoint(self, save_dir, tag, save_latest=True):
+        assert save_latest is False  # our `latest` is the one that counts
+        (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
+        if self.fail:
+            raise OSError("disk full")
+        (Path(save_dir) / tag / "mp_rank_00_model_states.pt").write_text("weights")
+
+    def load_checkpoint(self, load_dir, tag, **kwargs):
+        self.loaded = (tag, kwargs)
+        return str(Path(load_dir) / tag), {}
+
+
+def test_save_then_load_restores_trainer_state_and_rng(tmp_path):
+    io = CheckpointIO(FakeEngine(), str(tmp_path), config_dict={"hidden_size": 64}, keep_last_n=2)
+    for it in (2, 4, 6):
+        io.save(it, {"consumed_samples": it * 8})
+    assert read_latest(tmp_path) == "global_step6"
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [4, 6]
+    assert (tmp_path / "global_step6" / "config.json").is_file()
+    expected = torch.rand(3)  # the draw right after the last save
+    torch.rand(5)
+    engine = FakeEngine()
+    state = CheckpointIO(engine, None).load(str(tmp_path))
+    assert state["iteration"] == 6 and state["consumed_samples"] == 48
+    assert torch.equal(torch.rand(3), expected)
+    assert engine.loaded[1]["load_optimizer_states"] is True
+
+
+def test_crash_mid_save_keeps_previous_latest(tmp_path):
+    CheckpointIO(FakeEngine(), str(tmp_path)).save(2, {})
+    with pytest.raises(OSError):
+        CheckpointIO(FakeEngine(fail=True), str(tmp_path)).save(4, {})
+    assert read_latest(tmp_path) == "global_step2"
+
+
+def test_finetune_and_no_load_optim(tmp_path):
+    CheckpointIO(FakeEngine(), str(tmp_path)).save(2, {"consumed_samples": 16})
+    engine = FakeEngine()
+    assert CheckpointIO(engine, None).load(str(tmp_path), finetune=True) is None
+    assert engine.loaded[1]["load_module_only"] is True
+    assert engine.loaded[1]["load_optimizer_states"] is False
+    CheckpointIO(engine, None).load(str(tmp_path), load_optim=False)
+    assert engine.loaded[1]["load_optimizer_states"] is False
+    assert CheckpointIO(engine, None).load(str(tmp_path / "nothing")) is None
