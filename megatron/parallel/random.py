@@ -25,7 +25,9 @@ on GPU and, with `DS_ACCELERATOR=cpu`, on CPU.
 
 Order at start-up: seed the default generator with `seed` on every rank and build the model
 (every rank then draws the same full weights, see `params.sharded_parameter`), then call
-`model_parallel_seed(seed, topology)` before training.
+`model_parallel_seed(seed, topology)` before training. Leave `PipelineModule(seed_layers=...)`
+off: it re-seeds the default generator before every layer's forward with the same seed on all
+data-parallel ranks, which would undo the per-replica dropout seeds.
 """
 
 from __future__ import annotations

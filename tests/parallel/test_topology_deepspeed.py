@@ -4,7 +4,7 @@ One spawn of 4 gloo ranks:
 1. for every dp x pp x tp layout of 4 ranks, each of our groups really connects the ranks of
    DeepSpeed's `PipelineParallelGrid` built from `topology.ds_topology` (checked by an
    all-reduce, not only by the stored rank lists), and the mpu methods agree with the grid's;
-2. `deepspeed.initialize(mpu=topology)` at tp=2, dp=2 (ZeRO 0 and 2, gradient clipping on):
+2. `deepspeed.initialize(mpu=topology)` at tp=2, dp=2 (ZeRO 0, 2 and 3, gradient clipping on):
    one step equals SGD on the unsharded twin with the dp-averaged, globally clipped gradient.
 """
 
@@ -105,11 +105,14 @@ def check_engine(zero_stage):
     loss = engine(batches[topo.dp_rank]).square().mean()
     engine.backward(loss)
     engine.step()
-    for p, ref in zip(model.parameters(), expected):
-        full = gather_full_parameter(p, g)
-        err = (full - ref).abs().max().item()
-        assert err <= 1e-6 * ref.abs().max().item(), f"ZeRO {zero_stage}: step differs by {err}"
-    assert model[0].weight.shape == (4, 4) and model[1].weight.shape == (4, 4)  # still sharded
+    params = list(model.parameters())
+    # ZeRO-3 also partitions each tp shard over dp; gather that back (a no-op below stage 3).
+    with deepspeed.zero.GatheredParameters(params, enabled=zero_stage == 3):
+        assert params[0].shape == (4, 4) and params[2].shape == (4, 4)  # still tp-sharded
+        for p, ref in zip(params, expected):
+            full = gather_full_parameter(p, g)
+            err = (full - ref).abs().max().item()
+            assert err <= 1e-6 * ref.abs().max().item(), f"ZeRO {zero_stage}: step off by {err}"
 
 
 def _worker(rank, world_size):
@@ -118,7 +121,7 @@ def _worker(rank, world_size):
     deepspeed.init_distributed(dist_backend="gloo")
     for tp, pp in LAYOUTS:
         check_against_grid(tp, pp)
-    for zero_stage in (0, 2):
+    for zero_stage in (0, 2, 3):
         check_engine(zero_stage)
     return True
 

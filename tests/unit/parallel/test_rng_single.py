@@ -43,6 +43,8 @@ def test_rank0_default_stream_is_plain_manual_seed_and_fork_restores_it():
     assert torch.equal(b, torch.rand(4))
     assert get_rng_tracker() is checkpointing.get_cuda_rng_tracker()
     assert MODEL_PARALLEL_RNG in get_rng_tracker().get_states()
+    # DeepSpeed's default fork() name, so model code may call fork() without a name.
+    assert MODEL_PARALLEL_RNG == checkpointing._MODEL_PARALLEL_RNG_TRACKER_NAME
 
 
 def test_bad_seed():
