@@ -21,7 +21,9 @@ All seeds in a job are distinct. The tracker is DeepSpeed's own
 (`deepspeed.runtime.activation_checkpointing.checkpointing.get_cuda_rng_tracker()`), because
 DeepSpeed activation checkpointing saves and restores exactly that tracker (with the default
 generator) around recomputation: dropout replayed in backward then draws the forward's masks,
-on GPU and, with `DS_ACCELERATOR=cpu`, on CPU.
+on GPU and, with `DS_ACCELERATOR=cpu`, on CPU. The tracker forks the generator of DeepSpeed's
+accelerator only, so activations must live on that device (CPU tensors on a CUDA machine would
+draw from the default stream inside `fork()`).
 
 Order at start-up: seed the default generator with `seed` on every rank and build the model
 (every rank then draws the same full weights, see `params.sharded_parameter`), then call

@@ -30,17 +30,35 @@ def test_seeds_are_shared_by_tp_peers_only_and_all_distinct():
         assert len(set(tp_seeds)) == world and not defaults & set(tp_seeds)
 
 
-def test_rank0_default_stream_is_plain_manual_seed_and_fork_restores_it():
+def _needs(device):
+    """Skip unless DeepSpeed's accelerator is `device`: the tracker forks only its generator."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator().device_name()
+    if accelerator != device:
+        pytest.skip(f"DeepSpeed's accelerator is {accelerator!r}, not {device!r}")
+    return device
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank0_default_stream_is_plain_manual_seed_and_fork_restores_it(device):
+    device = _needs(device)
     seeds = model_parallel_seed(5, ParallelTopology())
     assert seeds.default == 5 and seeds.tensor_parallel == 5 + 2718
-    a = torch.rand(4)
+    a = torch.rand(4, device=device)
     with tensor_parallel_rng():
-        b = torch.rand(4)
-    c = torch.rand(4)
+        b = torch.rand(4, device=device)
+    c = torch.rand(4, device=device)
     torch.manual_seed(5)
-    assert torch.equal(a, torch.rand(4)) and torch.equal(c, torch.rand(4))
+    assert torch.equal(a, torch.rand(4, device=device))
+    assert torch.equal(c, torch.rand(4, device=device))
     torch.manual_seed(5 + 2718)
-    assert torch.equal(b, torch.rand(4))
+    assert torch.equal(b, torch.rand(4, device=device))
     assert get_rng_tracker() is checkpointing.get_cuda_rng_tracker()
     assert MODEL_PARALLEL_RNG in get_rng_tracker().get_states()
     # DeepSpeed's default fork() name, so model code may call fork() without a name.
@@ -52,9 +70,11 @@ def test_bad_seed():
         model_parallel_seed(-1, ParallelTopology())
 
 
-def test_deepspeed_checkpoint_replays_both_dropout_streams():
+@pytest.mark.parametrize("device", DEVICES)
+def test_deepspeed_checkpoint_replays_both_dropout_streams(device):
+    device = _needs(device)
     torch.manual_seed(0)
-    lin = torch.nn.Linear(6, 6)
+    lin = torch.nn.Linear(6, 6).to(device)
 
     def block(x):
         with tensor_parallel_rng():
@@ -64,7 +84,7 @@ def test_deepspeed_checkpoint_replays_both_dropout_streams():
     def run(checkpointed):
         lin.zero_grad(set_to_none=True)
         model_parallel_seed(11, ParallelTopology())
-        x = torch.randn(5, 6, requires_grad=True)
+        x = torch.randn(5, 6, device=device, requires_grad=True)
         out = checkpointing.checkpoint(block, x) if checkpointed else block(x)
         out.square().sum().backward()
         return out.detach(), x.grad, lin.weight.grad
