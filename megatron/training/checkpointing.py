@@ -202,7 +202,12 @@ class CheckpointIO:
         load_rng: bool = True,
     ) -> dict[str, Any] | None:
         """Restore the newest checkpoint under `load_dir`; returns its trainer state (None when
-        there is none; only the weights, and None, with `finetune`)."""
+        there is none; only the weights, and None, with `finetune`).
+
+        This rank's RNG state comes back as `state["rng_state"]` (None when not loaded), for
+        `restore_rng` once the data iterators exist: creating a DataLoader iterator draws from
+        torch's generator, and a resumed run must draw the same numbers as an unbroken one.
+        """
         if not load_dir:
             return None
         tag = read_latest(load_dir)
@@ -226,8 +231,14 @@ class CheckpointIO:
         folder = Path(load_dir) / tag
         state = torch.load(folder / TRAINER_STATE, weights_only=False)
         rng_file = folder / f"rng_state_rank{_rank()}.pt"
+        state["rng_state"] = None
         if load_rng and rng_file.is_file():
-            set_rng_state(torch.load(rng_file, weights_only=False), self.tracker)
+            state["rng_state"] = torch.load(rng_file, weights_only=False)
         elif load_rng:
             log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
         return state
+
+    def restore_rng(self, state: dict[str, Any] | None) -> None:
+        """Apply the RNG state `load` returned (nothing when there is none)."""
+        if state and state.get("rng_state") is not None:
+            set_rng_state(state["rng_state"], self.tracker)

@@ -100,8 +100,10 @@ def test_save_then_load_restores_trainer_state_and_rng(tmp_path):
     expected = torch.rand(3)  # the draw right after the last save
     torch.rand(5)
     engine = FakeEngine()
-    state = CheckpointIO(engine, None).load(str(tmp_path))
+    io = CheckpointIO(engine, None)
+    state = io.load(str(tmp_path))
     assert state["iteration"] == 6 and state["consumed_samples"] == 48
+    io.restore_rng(state)
     assert torch.equal(torch.rand(3), expected)
     assert engine.loaded[1]["load_optimizer_states"] is True
 

@@ -1,0 +1,56 @@
+"""Evaluation: mean loss and perplexity over `eval_iters` global batches of a split."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_EXP = 700.0  # exp() of more overflows a float; such a perplexity is reported as exp(700)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    perplexity: float
+
+    def record(self, iteration: int, split: str) -> dict:
+        """The evaluation record the loggers take."""
+        return {
+            "iteration": iteration,
+            "split": split,
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+        }
+
+
+def evaluate(steps, batches, eval_iters: int) -> EvalResult:
+    """Average loss of `eval_iters` evaluation steps (each a global batch) from `batches`."""
+    if eval_iters < 1:
+        raise ValueError(f"eval_iters must be >= 1 to evaluate, got {eval_iters}")
+    losses = [steps.eval_step(batches) for _ in range(eval_iters)]
+    loss = sum(losses) / len(losses)
+    return EvalResult(loss, math.exp(min(loss, MAX_EXP)))
+
+
+class Evaluator:
+    """Evaluates the validation split every `interval` iterations, continuing through its data
+    (each evaluation sees new samples), and any split once at the end."""
+
+    def __init__(self, steps, valid_batches, interval: int, eval_iters: int, loggers):
+        self.steps = steps
+        self.valid = valid_batches
+        self.interval = interval
+        self.eval_iters = eval_iters
+        self.loggers = loggers
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.valid is not None and self.interval and iteration % self.interval == 0)
+
+    def run(self, iteration: int, split: str = "valid", batches=...) -> EvalResult | None:
+        """Evaluate `batches` (default: the validation iterator); None when there is no data."""
+        batches = self.valid if batches is ... else batches
+        if batches is None or self.eval_iters < 1:
+            return None
+        result = evaluate(self.steps, batches, self.eval_iters)
+        self.loggers.log_eval(result.record(iteration, split))
+        return result

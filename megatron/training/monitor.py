@@ -1,0 +1,78 @@
+"""Per-interval training figures: loss, skipped steps, throughput, TFLOP/s, MFU, ETA.
+
+`TrainMonitor.step(...)` is called after every iteration; `record(...)` at each log interval
+builds the training record (see `megatron/training/loggers/base.py`) and starts a new
+interval.
+"""
+
+from __future__ import annotations
+
+import time
+
+from megatron.training.flops import throughput
+
+
+class TrainMonitor:
+    """Accumulates one log interval."""
+
+    def __init__(
+        self,
+        tokens_per_step: int,
+        flops_per_token: float,
+        world_size: int,
+        peak_tflops: float | None,
+        train_iters: int,
+        clock=time.perf_counter,
+    ):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.peak = peak_tflops
+        self.train_iters = train_iters
+        self.clock = clock
+        self.start = clock()
+        self._reset(self.start)
+
+    def _reset(self, now: float) -> None:
+        self.interval_start = now
+        self.loss_sum = 0.0
+        self.applied = 0
+        self.skipped = 0
+        self.steps = 0
+
+    def step(self, loss: float, applied: bool) -> None:
+        self.steps += 1
+        if applied:
+            self.loss_sum += loss
+            self.applied += 1
+        else:
+            self.skipped += 1
+
+    def record(self, iteration: int, lr, grad_norm, loss_scale, timers=None) -> dict:
+        now = self.clock()
+        seconds = now - self.interval_start
+        speed = throughput(
+            self.steps * self.tokens_per_step,
+            seconds,
+            self.flops_per_token,
+            self.world_size,
+            self.peak,
+        )
+        per_step = seconds / max(self.steps, 1)
+        record = {
+            "iteration": iteration,
+            "loss": self.loss_sum / self.applied if self.applied else None,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "loss_scale": loss_scale,
+            "skipped": self.skipped,
+            "tokens_per_sec": speed.tokens_per_sec,
+            "tflops_per_gpu": speed.tflops_per_gpu,
+            "mfu": speed.mfu,
+            "elapsed_s": now - self.start,
+            "eta_s": max(0, self.train_iters - iteration) * per_step,
+        }
+        for name, ms in (timers or {}).items():
+            record[f"time/{name}"] = ms
+        self._reset(now)
+        return record

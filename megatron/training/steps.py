@@ -1,0 +1,87 @@
+"""One training or evaluation step (a global batch), for each kind of DeepSpeed engine.
+
+`PipelineSteps` drives DeepSpeed's pipeline engine (`train_batch`/`eval_batch`, which pull
+`gradient_accumulation_steps` micro-batches from the iterator and return the loss averaged
+over micro-batches and data-parallel ranks). `PlainSteps` drives the ordinary engine (ZeRO
+0-3): forward, `loss_fn`, backward and `step` per micro-batch, then the same averaging.
+Both return the loss as a Python float, equal on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class EngineSteps:
+    """Train and evaluate one global batch with a DeepSpeed engine."""
+
+    def __init__(self, engine, dp_group=None, dp_size: int = 1):
+        self.engine = engine
+        self.dp_group = dp_group
+        self.dp_size = dp_size
+
+    def train_step(self, batches) -> float:
+        raise NotImplementedError
+
+    def eval_step(self, batches) -> float:
+        raise NotImplementedError
+
+    @property
+    def step_applied(self) -> bool:
+        """Whether the last train step changed the weights (False: skipped on overflow)."""
+        return bool(self.engine.was_step_applied())
+
+
+class PipelineSteps(EngineSteps):
+    """DeepSpeed's `PipelineEngine`."""
+
+    def train_step(self, batches) -> float:
+        return float(self.engine.train_batch(data_iter=batches))
+
+    def eval_step(self, batches) -> float:
+        return float(self.engine.eval_batch(data_iter=batches))
+
+
+class PlainSteps(EngineSteps):
+    """DeepSpeed's ordinary engine over the plain `GPTModel`."""
+
+    def _mean_over_data_parallel(self, total: torch.Tensor, count: int) -> float:
+        mean = total / count
+        if self.dp_size > 1:
+            dist.all_reduce(mean, group=self.dp_group)
+            mean /= self.dp_size
+        return float(mean)
+
+    def train_step(self, batches) -> float:
+        engine = self.engine
+        total = torch.zeros((), dtype=torch.float32)
+        steps = engine.gradient_accumulation_steps()
+        for _ in range(steps):
+            (tokens, positions), labels = next(batches)
+            loss = engine.module.loss_fn(engine(tokens, positions), labels)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float().cpu()
+        return self._mean_over_data_parallel(total, steps)
+
+    @torch.no_grad()
+    def eval_step(self, batches) -> float:
+        engine = self.engine
+        was_training = engine.module.training
+        engine.eval()
+        total = torch.zeros((), dtype=torch.float32)
+        steps = engine.gradient_accumulation_steps()
+        for _ in range(steps):
+            (tokens, positions), labels = next(batches)
+            total += engine.module.loss_fn(engine(tokens, positions), labels).float().cpu()
+        engine.train(was_training)
+        return self._mean_over_data_parallel(total, steps)
+
+
+def engine_steps(engine, topology) -> EngineSteps:
+    """The step driver that fits `engine`."""
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    cls = PipelineSteps if isinstance(engine, PipelineEngine) else PlainSteps
+    return cls(engine, topology.dp_group, topology.dp_size)
