@@ -34,6 +34,7 @@ data-parallel ranks, which would undo the per-replica dropout seeds.
 
 from __future__ import annotations
 
+import numbers
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -57,8 +58,9 @@ class RngSeeds:
 
 def rng_seeds(seed: int, topology) -> RngSeeds:
     """The seeds `model_parallel_seed` uses on the rank described by `topology`."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
     replica = topology.dp_rank * topology.pp_size + topology.pp_rank
     default = seed + _REPLICA_SEED_STRIDE * replica
     return RngSeeds(default=default, tensor_parallel=default + _TP_SEED_OFFSET + topology.tp_rank)

@@ -15,6 +15,8 @@ tensor groups [0,1] [2,3] [4,5] [6,7], data groups [0,2] [1,3] [4,6] [5,7], pipe
 
 from __future__ import annotations
 
+import numbers
+
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -29,9 +31,9 @@ def _dist_ready() -> bool:
 
 
 def _check_int(key: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return int(value)
 
 
 class ParallelTopology(DeepSpeedMpuMixin):
@@ -56,6 +58,7 @@ class ParallelTopology(DeepSpeedMpuMixin):
         ready = _dist_ready()
         self.tp_size = _check_int("model_parallel_size", tp_size, 1)
         self.pp_size = _check_int("pipe_parallel_size", pp_size, 0) or 1
+        defaulted = world_size is None and not ready
         if world_size is None:
             world_size = dist.get_world_size() if ready else 1
         self.world_size = _check_int("world size", world_size, 1)
@@ -67,16 +70,24 @@ class ParallelTopology(DeepSpeedMpuMixin):
         model_size = self.tp_size * self.pp_size
         if self.world_size % model_size != 0:
             valid = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+            hint = (
+                " (torch.distributed is not initialised, so it defaults to 1)" if defaulted else ""
+            )
             raise ValueError(
-                f"world size {self.world_size} = data x pipeline x tensor parallel, but "
+                f"world size {self.world_size}{hint} = data x pipeline x tensor parallel, but "
                 f"pipe_parallel_size ({self.pp_size}) x model_parallel_size ({self.tp_size}) "
                 f"= {model_size} does not divide it; pick sizes whose product is one of {valid}"
             )
         self.dp_size = self.world_size // model_size
         if rank is None:
             rank = dist.get_rank() if ready else 0
-        if not (0 <= rank < self.world_size) or (ready and rank != dist.get_rank()):
-            raise ValueError(f"ParallelTopology: rank {rank} is not this process's rank")
+        rank = _check_int("rank", rank, 0)
+        if rank >= self.world_size:
+            raise ValueError(f"ParallelTopology: rank {rank} is outside [0, {self.world_size})")
+        if ready and rank != dist.get_rank():
+            raise ValueError(
+                f"ParallelTopology: rank {rank} given, but this process is rank {dist.get_rank()}"
+            )
         self.rank = rank
 
         self.ds_topology = PipeModelDataParallelTopology(

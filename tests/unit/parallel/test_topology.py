@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -56,6 +57,7 @@ def test_defaults_single_process_and_pp0_means_one_stage():
     assert topo.tp_group is None and topo.dp_group is None and topo.pp_group is None
     assert ParallelTopology(tp_size=2, pp_size=0, world_size=4).pp_size == 1
     assert ParallelTopology(tp_size=2, pp_size=0, world_size=4).dp_size == 2
+    assert ParallelTopology(tp_size=np.int64(2), world_size=np.int64(4)).dp_size == 2
 
 
 def test_groups_missing_without_torch_distributed():
@@ -82,13 +84,13 @@ def test_from_config_reads_parallel_group():
     [
         (dict(tp_size=3, world_size=8), r"model_parallel_size \(3\) = 3 does not divide"),
         (dict(tp_size=2, pp_size=2, world_size=6), r"product is one of \[1, 2, 3, 6\]"),
-        (dict(tp_size=2), "world size 1"),
+        (dict(tp_size=2), r"world size 1 \(torch.distributed is not initialised"),
         (dict(tp_size=0), "model_parallel_size must be an integer >= 1, got 0"),
         (dict(tp_size=2.0, world_size=2), "model_parallel_size must be an integer"),
         (dict(tp_size=True, world_size=2), "model_parallel_size must be an integer"),
         (dict(pp_size=-1), "pipe_parallel_size must be an integer >= 0, got -1"),
         (dict(world_size=0), "world size must be an integer >= 1"),
-        (dict(world_size=4, rank=4), "rank 4"),
+        (dict(world_size=4, rank=4), r"rank 4 is outside \[0, 4\)"),
     ],
 )
 def test_bad_sizes_raise_errors_naming_the_key(kwargs, message):
