@@ -49,6 +49,8 @@ class LaunchPlan:
     forwarded_secrets: list[str] = field(default_factory=list)
     """Names of the secret variables sent through `secrets_file`."""
     extra_secret_names: tuple[str, ...] = ()
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    """The secret variables of the original environment, to redact from `display()`."""
 
     @property
     def world_size(self) -> int:
@@ -56,7 +58,8 @@ class LaunchPlan:
 
     def display(self) -> str:
         """The runner command as one shell line, safe to print or log."""
-        return shlex.join(redact_argv(self.argv, self.env, self.extra_secret_names))
+        environ = {**self.env, **self.secret_values}
+        return shlex.join(redact_argv(self.argv, environ, self.extra_secret_names))
 
 
 @contextmanager
@@ -111,7 +114,8 @@ def prepare_launch(
         forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
         env_script=secrets_file,
     )
-    plan = LaunchPlan(argv, env, resources, secrets_file, forwarded, extra)
+    secret_values = {name: environ[name] for name in secret_names(environ, extra)}
+    plan = LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)
     try:
         yield plan
     finally:

@@ -122,19 +122,22 @@ def read_secrets_file(path: str) -> dict[str, str]:
             "directory that every node must see (a shared filesystem, like the working "
             "directory)"
         )
-    values = {}
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            words = shlex.split(line)
-            if not words:
-                continue
-            if len(words) != 2 or words[0] != "export" or "=" not in words[1]:
-                raise WorkerEnvironmentError(
-                    f"{SECRETS_FILE_VAR} file {path!r}, line {number}: expected "
-                    "\"export NAME='value'\""
-                )
-            name, value = words[1].split("=", 1)
-            values[name] = value
+        text = handle.read()
+    # Parsed as a whole: a quoted value may span lines.
+    bad = f"{SECRETS_FILE_VAR} file {path!r} is not a list of \"export NAME='value'\" lines"
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        raise WorkerEnvironmentError(bad) from None
+    if len(words) % 2 or any(w != "export" for w in words[::2]):
+        raise WorkerEnvironmentError(bad)
+    values = {}
+    for assignment in words[1::2]:
+        name, sep, value = assignment.partition("=")
+        if not sep or not _NAME_RE.match(name):
+            raise WorkerEnvironmentError(bad)
+        values[name] = value
     return values
 
 
