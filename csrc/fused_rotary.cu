@@ -47,10 +47,11 @@ cudaError_t launch(const void* input, const void* cos, const void* sin, void* ou
                    const RotaryShape& shape, cudaStream_t stream) {
   const int64_t blocks = shape.seq * shape.batch;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  rotary_kernel<T, TC, BACKWARD><<<static_cast<unsigned int>(blocks),
-                                   dim3(kThreadsX, kThreadsY), 0, stream>>>(
-      static_cast<const T*>(input), static_cast<const TC*>(cos), static_cast<const TC*>(sin),
-      static_cast<T*>(output), shape);
+  auto* kernel = &rotary_kernel<T, TC, BACKWARD>;
+  MEGATRON_LAUNCH_KERNEL(kernel, dim3(static_cast<unsigned int>(blocks)),
+                         dim3(kThreadsX, kThreadsY), stream, static_cast<const T*>(input),
+                         static_cast<const TC*>(cos), static_cast<const TC*>(sin),
+                         static_cast<T*>(output), shape);
   return cudaGetLastError();
 }
 

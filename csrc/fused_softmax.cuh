@@ -17,8 +17,10 @@
 namespace megatron_kernels {
 namespace softmax_detail {
 
+// Only one-warp rows share a block: a longer row reduces through the block's shared memory and
+// barriers, which must then belong to that row alone.
 constexpr int block_threads(int threads_per_row) {
-  return threads_per_row < 128 ? 128 : threads_per_row;
+  return threads_per_row == kWarpSize ? 4 * kWarpSize : threads_per_row;
 }
 
 inline bool is_aligned(const void* pointer, int bytes) {
@@ -50,19 +52,20 @@ __global__ void __launch_bounds__(block_threads(THREADS))
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
     const int col = (i * THREADS + t) * VEC;
-    alignas(sizeof(T) * VEC) T xv[VEC];
-    alignas(VEC) uint8_t mv[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) mv[k] = 0;
     if (col < limit) {
+      alignas(sizeof(T) * VEC) T xv[VEC];
+      alignas(VEC) uint8_t mv[VEC] = {};
       copy_vector<T, VEC>(xv, x + col);
       if (m != nullptr) copy_vector<uint8_t, VEC>(mv, m + col);
-    }
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      const bool keep = col + k < limit && mv[k] == 0;
-      v[i * VEC + k] = keep ? to_float(xv[k]) * scale : -INFINITY;
-      row_max = fmaxf(row_max, v[i * VEC + k]);
+      for (int k = 0; k < VEC; ++k) {
+        const bool keep = col + k < limit && mv[k] == 0;
+        v[i * VEC + k] = keep ? to_float(xv[k]) * scale : -INFINITY;
+        row_max = fmaxf(row_max, v[i * VEC + k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[i * VEC + k] = -INFINITY;
     }
   }
   row_max = row_reduce<THREADS>(row_max, MaxOp(), -INFINITY, scratch);
@@ -118,10 +121,20 @@ __global__ void __launch_bounds__(block_threads(THREADS))
     if (col < limit) {
       copy_vector<T, VEC>(dy + i * VEC, grad_output + offset + col);
       copy_vector<T, VEC>(y + i * VEC, softmax_output + offset + col);
-    }
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if (col + k < limit) dot += to_float(dy[i * VEC + k]) * to_float(y[i * VEC + k]);
+      for (int k = 0; k < VEC; ++k) {
+        if (col + k >= limit) {  // inside the causal triangle: y = 0 by definition
+          dy[i * VEC + k] = from_float<T>(0.f);
+          y[i * VEC + k] = from_float<T>(0.f);
+        }
+        dot += to_float(dy[i * VEC + k]) * to_float(y[i * VEC + k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        dy[i * VEC + k] = from_float<T>(0.f);
+        y[i * VEC + k] = from_float<T>(0.f);
+      }
     }
   }
   dot = row_reduce<THREADS>(dot, SumOp(), 0.f, scratch);
@@ -133,10 +146,8 @@ __global__ void __launch_bounds__(block_threads(THREADS))
       alignas(sizeof(T) * VEC) T out[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const bool used = col + k < limit;
-        const float yk = used ? to_float(y[i * VEC + k]) : 0.f;
-        const float dyk = used ? to_float(dy[i * VEC + k]) : 0.f;
-        out[k] = from_float<T>(scale * yk * (dyk - dot));
+        const float yk = to_float(y[i * VEC + k]);
+        out[k] = from_float<T>(scale * yk * (to_float(dy[i * VEC + k]) - dot));
       }
       copy_vector<T, VEC>(grad_input + offset + col, out);
     }

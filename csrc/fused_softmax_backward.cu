@@ -22,9 +22,9 @@ struct BackwardLauncher {
   cudaError_t run() const {
     const unsigned int blocks = softmax_detail::grid_blocks<THREADS>(shape.rows);
     if (blocks == 0) return cudaErrorInvalidValue;
-    softmax_detail::backward_kernel<T, VEC, ITEMS, THREADS, CAUSAL>
-        <<<blocks, block_threads(THREADS), 0, stream>>>(grad_output, softmax_output, grad_input,
-                                                        shape, scale);
+    auto* kernel = &softmax_detail::backward_kernel<T, VEC, ITEMS, THREADS, CAUSAL>;
+    MEGATRON_LAUNCH_KERNEL(kernel, blocks, block_threads(THREADS), stream, grad_output,
+                           softmax_output, grad_input, shape, scale);
     return cudaGetLastError();
   }
 };

@@ -21,8 +21,9 @@ struct ForwardLauncher {
   cudaError_t run() const {
     const unsigned int blocks = softmax_detail::grid_blocks<THREADS>(shape.rows);
     if (blocks == 0) return cudaErrorInvalidValue;
-    softmax_detail::forward_kernel<T, VEC, ITEMS, THREADS, CAUSAL>
-        <<<blocks, block_threads(THREADS), 0, stream>>>(input, mask, output, shape, scale);
+    auto* kernel = &softmax_detail::forward_kernel<T, VEC, ITEMS, THREADS, CAUSAL>;
+    MEGATRON_LAUNCH_KERNEL(kernel, blocks, block_threads(THREADS), stream, input, mask, output,
+                           shape, scale);
     return cudaGetLastError();
   }
 };

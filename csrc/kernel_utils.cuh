@@ -12,6 +12,14 @@
 
 #include <cstdint>
 
+// Kernel launch, spelled as a macro so that the CPU emulation in tests/unit/kernels/emulation,
+// which compiles these files with a host compiler, can run kernels without the <<<>>> syntax.
+// `kernel` must be a single token: take a pointer to a template instance first.
+#ifndef MEGATRON_LAUNCH_KERNEL
+#define MEGATRON_LAUNCH_KERNEL(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+
 namespace megatron_kernels {
 
 constexpr int kWarpSize = 32;
