@@ -83,7 +83,7 @@ class ParallelSelfAttention(nn.Module):
         q, k, v = self.split_qkv(self.query_key_value(x))  # full sequence (gathered under SP)
         if self.qk_norm is not None:
             q, k = self.qk_norm["query"](q), self.qk_norm["key"](k)
-        q, k, bias = self.positions.apply(q, k, position_ids)
+        q, k, bias = self.positions.encode(q, k, position_ids)
         context = self.core(q, k, v, bias)  # (s, b, nq/tp, d)
         s, b = context.shape[:2]
         return self.dense(context.reshape(s, b, self.q_heads * self.head_dim))

@@ -88,8 +88,14 @@ class GPTModel(nn.Module):
 
 
 def configure_activation_checkpointing(args: ModelArgs, topology=None) -> None:
-    """Point DeepSpeed's activation checkpointing at the tensor-parallel group and settings."""
-    mpu = topology if topology is not None and torch.distributed.is_initialized() else None
+    """Point DeepSpeed's activation checkpointing at the tensor-parallel group and settings.
+
+    Needs DeepSpeed's communication set up (`deepspeed.init_distributed`); in a single process
+    without it, DeepSpeed's defaults (no partitioning, no CPU offload) apply.
+    """
+    if not deepspeed.comm.is_initialized():
+        return
+    mpu = topology
     deepspeed.checkpointing.configure(
         mpu,
         partition_activations=args.partition_activations and mpu is not None,
@@ -114,6 +120,7 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     """The model for `args` (see the module docstring); `topology` is a `ParallelTopology`
     (None: one process, no parallelism)."""
     tp_group = topology.tp_group if topology is not None else None
+    partition_method = _check_partition_method(args.pipe_partition_method)
     specs = gpt_layer_specs(args, tp_group)
     interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
     if interval:
@@ -129,7 +136,7 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
             layers=specs,
             topology=topology.ds_topology,
             loss_fn=bound_loss_fn(tp_group),
-            partition_method=_check_partition_method(args.pipe_partition_method),
+            partition_method=partition_method,
             activation_checkpoint_interval=interval,
             checkpointable_layers=TRANSFORMER_LAYER_NAMES,
         )

@@ -8,7 +8,7 @@ Two places can use positions, so each encoding is split into (at most) two parts
   `megatron.kernels.apply_rotary_pos_emb`) and `alibi` (a per-head linear bias on the scores).
 
 `none` uses neither. Every attention-side class implements one method,
-`apply(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
+`encode(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
 bias broadcastable to the scores `(b, heads/tp, sq, sk)`. Positions come from the batch's
 `position_ids` `(b, s)`, so documents packed with reset positions are encoded correctly.
 """
@@ -56,7 +56,7 @@ class NoAttentionPositions(nn.Module):
     def __init__(self, args: ModelArgs, tp_group=None):
         super().__init__()
 
-    def apply(self, q, k, position_ids):
+    def encode(self, q, k, position_ids):
         return q, k, None
 
 
@@ -88,7 +88,7 @@ class RotaryEmbedding(NoAttentionPositions):
         emb = torch.cat((angles, angles), dim=-1).transpose(0, 1).unsqueeze(2)  # (s, b, 1, rot)
         return emb.cos(), emb.sin()
 
-    def apply(self, q, k, position_ids):
+    def encode(self, q, k, position_ids):
         # q (s, b, nq, d), k (s, b, nkv, d)
         cos, sin = self.cos_sin(position_ids)
         # The fused kernel takes one (s, 1, 1, rot) table for the whole batch; checking that
@@ -122,7 +122,7 @@ class AlibiBias(NoAttentionPositions):
         slopes = torch.tensor(alibi_slopes(args.num_attention_heads)[first : first + local])
         self.register_buffer("slopes", slopes, persistent=False)
 
-    def apply(self, q, k, position_ids):
+    def encode(self, q, k, position_ids):
         pos = position_ids.float()
         distance = pos.unsqueeze(1) - pos.unsqueeze(2)  # (b, sq, sk): pos_k - pos_q
         bias = self.slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(1)  # (b, n/tp, sq, sk)

@@ -1,0 +1,95 @@
+"""The attention backends agree with each other and with a plain formula.
+
+Reference (explicit masked softmax), fused scale-mask-softmax (on CPU: the kernel package's
+PyTorch fallback) and torch SDPA give the same context and gradients in fp32, with grouped
+query heads and with an ALiBi bias; query-key layer scaling is exact in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from megatron.model.attention_backends import (
+    FusedSoftmaxAttention,
+    ReferenceAttention,
+    SDPAAttention,
+    build_attention_backend,
+)
+from megatron.model.positional import AlibiBias, alibi_slopes
+from tests.unit.model.tiny import assert_close, neox_args
+
+S, B, NQ, NKV, D = 6, 2, 4, 2, 8
+
+
+def naive_attention(q, k, v, bias=None):
+    """Loop-free textbook formula in (b, n, s, d), kv heads repeated."""
+    groups = q.shape[2] // k.shape[2]
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
+    future = torch.ones(S, S, dtype=torch.bool).triu(1)
+    probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+    return (probs @ v).permute(2, 0, 1, 3)
+
+
+def inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(S, B, NQ, D, generator=gen, requires_grad=True)
+    k = torch.randn(S, B, NKV, D, generator=gen, requires_grad=True)
+    v = torch.randn(S, B, NKV, D, generator=gen, requires_grad=True)
+    return q, k, v
+
+
+def run(fn, bias=None):
+    q, k, v = inputs()
+    out = fn(q, k, v, bias)
+    out.backward(torch.ones_like(out).cumsum(0))
+    return out.detach(), [t.grad for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("backend", [ReferenceAttention, FusedSoftmaxAttention, SDPAAttention])
+@pytest.mark.parametrize("alibi", [False, True])
+def test_backend_matches_textbook_attention(backend, alibi):
+    args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
+    bias = None
+    if alibi:
+        positions = torch.stack([torch.arange(S), torch.arange(S) % 3])  # per-row positions
+        _, _, bias = AlibiBias(args).encode(None, None, positions)
+    expected, expected_grads = run(naive_attention, bias)
+    actual, grads = run(backend(args, layer_number=3).eval(), bias)
+    assert_close(actual, expected, f"{backend.__name__} output", tol=1e-6)
+    for name, g, eg in zip("qkv", grads, expected_grads):
+        assert_close(g, eg, f"{backend.__name__} d{name}", tol=1e-6)
+
+
+def test_query_key_layer_scaling_is_exact_in_fp32():
+    args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
+    scaled = neox_args(
+        num_attention_heads=NQ,
+        num_kv_heads=NKV,
+        hidden_size=NQ * D,
+        apply_query_key_layer_scaling=True,
+    )
+    plain, _ = run(ReferenceAttention(args, layer_number=7))
+    backend = ReferenceAttention(scaled, layer_number=7)
+    assert backend.coeff == 7.0 and backend.softmax_in_fp32
+    assert_close(run(backend)[0], plain, "layer-scaled attention", tol=1e-6)
+
+
+def test_backend_choice_follows_attention_type_and_fusion():
+    args = neox_args(layer_attention_types=("global", "flash", "sdpa", "global"))
+    kinds = [type(build_attention_backend(args, i)) for i in range(4)]
+    assert kinds == [ReferenceAttention, SDPAAttention, SDPAAttention, ReferenceAttention]
+    fused = neox_args(softmax_fusion=True)
+    assert type(build_attention_backend(fused, 0)) is FusedSoftmaxAttention
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert alibi_slopes(8) == [2.0 ** -(i + 1) for i in range(8)]
+    six = alibi_slopes(6)  # 4 from the power of two below, then every other one of 8
+    assert six[:4] == alibi_slopes(4) and six[4:] == alibi_slopes(8)[0::2][:2]
