@@ -36,6 +36,31 @@ def _check_int(key: str, value, minimum: int) -> int:
     return int(value)
 
 
+def _resolve_world_size(world_size) -> int:
+    if world_size is None:
+        return dist.get_world_size() if _dist_ready() else 1
+    world_size = _check_int("world size", world_size, 1)
+    if _dist_ready() and world_size != dist.get_world_size():
+        raise ValueError(
+            f"ParallelTopology: world_size={world_size} but torch.distributed runs "
+            f"{dist.get_world_size()} processes; leave world_size unset to use it"
+        )
+    return world_size
+
+
+def _resolve_rank(rank, world_size: int) -> int:
+    if rank is None:
+        return dist.get_rank() if _dist_ready() else 0
+    rank = _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"ParallelTopology: rank {rank} is outside [0, {world_size})")
+    if _dist_ready() and rank != dist.get_rank():
+        raise ValueError(
+            f"ParallelTopology: rank {rank} given, but this process is rank {dist.get_rank()}"
+        )
+    return rank
+
+
 class ParallelTopology(DeepSpeedMpuMixin):
     """Sizes, this rank's coordinates and the process groups of a dp x pp x tp layout.
 
@@ -55,50 +80,30 @@ class ParallelTopology(DeepSpeedMpuMixin):
     """
 
     def __init__(self, tp_size: int = 1, pp_size: int = 1, world_size=None, *, rank=None):
-        ready = _dist_ready()
         self.tp_size = _check_int("model_parallel_size", tp_size, 1)
         self.pp_size = _check_int("pipe_parallel_size", pp_size, 0) or 1
-        defaulted = world_size is None and not ready
-        if world_size is None:
-            world_size = dist.get_world_size() if ready else 1
-        self.world_size = _check_int("world size", world_size, 1)
-        if ready and self.world_size != dist.get_world_size():
-            raise ValueError(
-                f"ParallelTopology: world_size={world_size} but torch.distributed runs "
-                f"{dist.get_world_size()} processes; leave world_size unset to use it"
-            )
+        self.world_size = _resolve_world_size(world_size)
         model_size = self.tp_size * self.pp_size
         if self.world_size % model_size != 0:
             valid = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-            hint = (
-                " (torch.distributed is not initialised, so it defaults to 1)" if defaulted else ""
-            )
+            hint = "" if _dist_ready() or world_size is not None else " (the default without dist)"
             raise ValueError(
                 f"world size {self.world_size}{hint} = data x pipeline x tensor parallel, but "
                 f"pipe_parallel_size ({self.pp_size}) x model_parallel_size ({self.tp_size}) "
                 f"= {model_size} does not divide it; pick sizes whose product is one of {valid}"
             )
         self.dp_size = self.world_size // model_size
-        if rank is None:
-            rank = dist.get_rank() if ready else 0
-        rank = _check_int("rank", rank, 0)
-        if rank >= self.world_size:
-            raise ValueError(f"ParallelTopology: rank {rank} is outside [0, {self.world_size})")
-        if ready and rank != dist.get_rank():
-            raise ValueError(
-                f"ParallelTopology: rank {rank} given, but this process is rank {dist.get_rank()}"
-            )
-        self.rank = rank
+        self.rank = _resolve_rank(rank, self.world_size)
 
         self.ds_topology = PipeModelDataParallelTopology(
             num_pp=self.pp_size, num_mp=self.tp_size, num_dp=self.dp_size
         )
-        coord = self.ds_topology.get_coord(rank)
+        coord = self.ds_topology.get_coord(self.rank)
         self.pp_rank, self.dp_rank, self.tp_rank = coord.pipe, coord.data, coord.model
         self.tp_ranks = self._members("model")
         self.pp_ranks = self._members("pipe")
         self.dp_ranks = self._members("data")
-        self._groups = self._create_groups() if ready else {}
+        self._groups = self._create_groups() if _dist_ready() else {}
 
     @classmethod
     def from_config(cls, cfg) -> ParallelTopology:
