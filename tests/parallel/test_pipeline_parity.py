@@ -13,6 +13,9 @@ before any step because every layer is built from its own seed whatever the layo
 - (tp=2, pp=1, dp=2): Llama-style toy (GQA, untied head); gradients are averaged over the
   two data-parallel replicas, each fed half of the micro-batches. Then again with sequence
   parallelism (norm gradients summed over tp by the hooks `build_gpt` registers).
+
+Every layout also counts the parameters it built across tp x pp ranks (tied copy once): the
+count equals `count_parameters`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import dataclasses
 import pytest
 import torch
 
-from megatron.model import build_gpt, full_state_dict
+from megatron.model import build_gpt, count_model_parameters, count_parameters, full_state_dict
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES
 from megatron.parallel import ParallelTopology, is_tensor_parallel
 from megatron.parallel.comm import all_gather_along
@@ -103,6 +106,7 @@ def run_engine(args, topo, batches, extra_steps):
         weights=as_numpy(weights) if keep else {},
         tied=as_numpy(tied) if keep else {},
         stage=topo.pp_rank,
+        count=count_model_parameters(model, topo),
         # transformer-layer forwards per micro-batch and layer (2 when recomputed)
         forwards_per_layer=len(calls) / max(1, len(hooks) * gas),
         sequence_parallel_params=sum(
@@ -134,6 +138,7 @@ def check_layout(per_rank, args, batches):
     for result in per_rank:
         assert abs(result["eval_loss"] - ref_loss) <= 1e-5 * abs(ref_loss), "eval_batch loss"
         assert abs(result["train_loss"] - ref_loss) <= 1e-5 * abs(ref_loss), "train_batch loss"
+    assert all(r["count"] == count_parameters(args) for r in per_rank), "parameter count"
     recomputed = 2.0 if args.checkpoint_activations else 1.0
     assert all(r["forwards_per_layer"] == recomputed for r in per_rank), "checkpointing"
     if args.sequence_parallel:
