@@ -15,6 +15,8 @@ from megatron.kernels.loader import load_extension
 # Must match kSoftmaxMaxColumns in csrc/fused_softmax.h (a GPU test checks the built value).
 MAX_COLUMNS = 32768
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Device types the registered ops run on (the tests add "cpu" for the emulated kernels).
+KERNEL_DEVICE_TYPES = ("cuda",)
 
 
 def _mask_reason(scores: torch.Tensor, mask: torch.Tensor) -> str | None:
@@ -44,7 +46,7 @@ def unsupported_reason(scores: torch.Tensor, mask: torch.Tensor | None = None) -
     Requires: the extension built, (b, np, sq, sk) CUDA scores in float16, bfloat16 or
     float32, sk <= MAX_COLUMNS, and a bool mask of shape (b or 1, 1, sq or 1, sk) if any.
     """
-    if not scores.is_cuda:
+    if scores.device.type not in KERNEL_DEVICE_TYPES:
         return f"the scores are on {scores.device}, the kernels run on CUDA devices"
     if scores.dtype not in KERNEL_DTYPES:
         return f"the scores have dtype {scores.dtype}; the kernels take {KERNEL_DTYPES}"
