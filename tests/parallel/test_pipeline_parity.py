@@ -14,6 +14,9 @@ before any step because every layer is built from its own seed whatever the layo
   two data-parallel replicas, each fed half of the micro-batches. Then again with sequence
   parallelism (norm gradients summed over tp by the hooks `build_gpt` registers).
 
+Construction alone (4 stages) checks that `pipe_partition_method` reaches DeepSpeed: one
+transformer layer per stage with `type:transformer`, two layers with `uniform`.
+
 Every layout also counts the parameters it built across tp x pp ranks (tied copy once): the
 count equals `count_parameters`.
 """
@@ -121,7 +124,16 @@ def as_numpy(tensors: dict) -> dict:
     return {name: t.detach().numpy().copy() for name, t in tensors.items()}
 
 
-def _worker(rank, world_size, layouts):
+def stage_bounds(args, methods):
+    """`PipelineModule.parts` (stage boundaries in the layer list) per partition method."""
+    topo = ParallelTopology(tp_size=1, pp_size=4)
+    return {
+        method: build_gpt(dataclasses.replace(args, pipe_partition_method=method), topo).parts
+        for method in methods
+    }
+
+
+def _worker(rank, world_size, layouts, partition_methods):
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -129,6 +141,7 @@ def _worker(rank, world_size, layouts):
     for args, tp, pp, batches, extra_steps in layouts:
         topo = ParallelTopology(tp_size=tp, pp_size=pp)
         results.append(run_engine(args, topo, batches, extra_steps))
+    results.append(stage_bounds(layouts[0][0], partition_methods))
     return results
 
 
@@ -166,9 +179,16 @@ def test_pipeline_engine_matches_single_process():
         (llama, 2, 1, llama_batches, 0),
         (llama_sp, 2, 1, llama_batches, 0),
     ]
-    results = run_distributed(_worker, 4, layouts, timeout=600)
+    methods = ["type:transformer", "uniform", "parameters"]
+    results = run_distributed(_worker, 4, layouts, methods, timeout=600)
     for index, (args, *_rest, batches, _steps) in enumerate(layouts):
         check_layout([r[index] for r in results], args, batches)
+    # Layer list: word embedding, positions, 4 transformer layers (2..5), final norm, head.
+    bounds = results[0][-1]
+    assert bounds["type:transformer"] == [0, 3, 4, 5, 8]  # one transformer layer per stage
+    assert bounds["uniform"] == [0, 2, 4, 6, 8]  # two layers of any kind per stage
+    assert bounds["parameters"][0] == 0 and bounds["parameters"][-1] == 8
+    assert bounds["parameters"] != bounds["uniform"]  # the embedding's weight counts
     # Tied embedding: one copy on the first stage, one on the last, still identical.
     copies = [torch.from_numpy(r[0]["tied"][TIED]) for r in results if r[0]["tied"]]
     assert len(copies) == 2, "expected the tied embedding on the first and the last stage"
