@@ -4,7 +4,8 @@ Three sources, one class each, chosen by `LauncherSettings.worker_env`:
 
 * `LaunchEnvReader`: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as set by
   DeepSpeed's launch.py (local and pdsh launches) or torchrun. None of them set means a
-  single process (`python train.py ...` without a launcher).
+  single process (`python train.py ...` without a launcher), which rendezvous on a free
+  local port (unless MASTER_PORT is set) so it cannot collide with another job's 29500.
 * `SlurmEnvReader`: SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS/SLURM_NTASKS and the
   node list (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST); rank 0 runs on its first node.
 * `MpiEnvReader`: OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), MVAPICH
@@ -22,6 +23,7 @@ LOCAL_WORLD_SIZE (when known), MASTER_ADDR and MASTER_PORT for `torch.distribute
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
@@ -100,6 +102,12 @@ def _make_env(source: str, rank: int, local_rank: int, world_size: int, **rest) 
 
 def _port(environ: Mapping[str, str], default: int, source: str) -> int:
     return _get_int(environ, ("MASTER_PORT",), source) or default
+
+
+def _free_port(addr: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr if addr == LOCALHOST else "", 0))
+        return sock.getsockname()[1]
 
 
 class SlurmEnvReader:
@@ -227,9 +235,10 @@ class LaunchEnvReader:
         src = self.source
         names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
         present = [n for n in names if n in environ]
-        if not present:  # a plain `python train.py`: one process
-            addr = environ.get("MASTER_ADDR") or master_addr or LOCALHOST
-            return DistributedEnv(0, 0, 1, addr, _port(environ, master_port, src), 1)
+        if not present:  # a plain `python train.py`: one process, any free port will do
+            addr = environ.get("MASTER_ADDR") or LOCALHOST
+            port = _get_int(environ, ("MASTER_PORT",), src) or _free_port(addr)
+            return DistributedEnv(0, 0, 1, addr, port, 1)
         if len(present) < len(names):
             missing = ", ".join(n for n in names if n not in environ)
             raise WorkerEnvironmentError(

@@ -5,8 +5,11 @@
         returncode = run_launch(plan)       # blocks until every worker has exited
 
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
-runner's environment. For a local launch the environment is passed through unchanged.
-For a multi-node launch, variables that look secret (`is_secret_name`) are removed from
+runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
+(SLURM_JOB_NODELIST), it writes a hostfile of the allocation's nodes for the runner.
+
+For a local launch the environment is passed through unchanged. For a multi-node launch,
+variables that look secret (`is_secret_name`) are removed from
 the runner's environment and written to a private file (see megatron.launcher.secrets),
 which the context manager deletes on exit. On a machine without GPUs, a local launch also
 gets DS_ACCELERATOR=cpu so the runner and workers do not probe for accelerators.
@@ -14,10 +17,12 @@ gets DS_ACCELERATOR=cpu so the runner and workers do not probe for accelerators.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +36,7 @@ from megatron.launcher.secrets import (
     write_secrets_file,
 )
 
-DEFAULT_SECRETS_DIR = ".megatron_launch"
+DEFAULT_LAUNCH_DIR = ".megatron_launch"
 
 
 @dataclass
@@ -81,9 +86,10 @@ def prepare_launch(
         script, user_args: the worker script and its arguments (e.g. the config bundle).
         environ: the environment to start from (default `os.environ`); not modified.
         python: interpreter for the runner.
-        secrets_dir: where a multi-node launch writes its secrets file; it must be on a
-            filesystem every node sees (default: `.megatron_launch/` in the working
-            directory, which the pdsh backend already requires to be shared).
+        secrets_dir: where a multi-node launch writes its secrets file (and a hostfile made
+            from a SLURM allocation); it must be on a filesystem every node sees (default:
+            `.megatron_launch/` in the working directory, which the pdsh backend already
+            requires to be shared).
         extra_secret_names: variables to treat as secrets besides `is_secret_name` matches.
         device_count: GPUs on this machine (None: ask torch).
 
@@ -92,15 +98,21 @@ def prepare_launch(
     """
     environ = dict(os.environ if environ is None else environ)
     extra = tuple(extra_secret_names)
-    resources = plan_resources(launcher, device_count=device_count)
+    resources = plan_resources(launcher, device_count=device_count, environ=environ)
     env = dict(environ)
+    staged: list[str] = []  # files to delete when the launch ends
+    launch_dir = secrets_dir or os.path.join(os.getcwd(), DEFAULT_LAUNCH_DIR)
+    if resources.hostfile_text is not None:
+        path = _write_private(launch_dir, "hostfile-", resources.hostfile_text)
+        staged.append(path)
+        resources = dataclasses.replace(resources, hostfile=path)
     secrets_file = None
     forwarded: list[str] = []
     if resources.multi_node:
         forwarded = secret_names(environ, extra)
         if forwarded:
-            directory = secrets_dir or os.path.join(os.getcwd(), DEFAULT_SECRETS_DIR)
-            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, directory)
+            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, launch_dir)
+            staged.append(secrets_file)
             for name in forwarded:
                 del env[name]
             env[SECRETS_FILE_VAR] = secrets_file
@@ -119,8 +131,18 @@ def prepare_launch(
     try:
         yield plan
     finally:
-        if secrets_file and os.path.exists(secrets_file):
-            os.remove(secrets_file)
+        for path in staged:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _write_private(directory: str, prefix: str, text: str) -> str:
+    """Write `text` to a new file only this user can read; return its absolute path."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=directory)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return os.path.abspath(path)
 
 
 def run_launch(plan: LaunchPlan) -> int:

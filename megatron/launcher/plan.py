@@ -16,15 +16,18 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron.launcher.errors import LauncherError
 from megatron.launcher.hostfile import (
     DEFAULT_HOSTFILE,
     apply_resource_filter,
+    format_hostfile,
     read_hostfile,
     trim_resources,
 )
+from megatron.launcher.nodelist import expand_slurm_nodelist
 from megatron.launcher.settings import LauncherSettings
 
 logger = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ class LaunchResources:
     """The `--num_gpus` value to pass (None: leave it to the hostfile or the GPU count)."""
     multi_node: bool
     """True: the runner uses the multi-node backend; False: a local launch.py."""
+    hostfile_text: str | None = None
+    """A hostfile to write and pass to the runner (SLURM allocation without a hostfile)."""
 
     @property
     def world_size(self) -> int:
@@ -70,11 +75,18 @@ def local_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def plan_resources(launcher: object, *, device_count: int | None = None) -> LaunchResources:
+def plan_resources(
+    launcher: object,
+    *,
+    device_count: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> LaunchResources:
     """Resolve `launcher` (cfg.launcher or LauncherSettings) into the hosts and slots used.
 
     `device_count` is the number of GPUs on this machine (None: ask torch); it only matters
-    without a hostfile.
+    without a hostfile. With `environ` (the launching environment), `launcher: slurm` and
+    no hostfile inside a multi-node SLURM allocation use the allocation's nodes
+    (`slurm_allocation_pool`) and set `hostfile_text` for `prepare_launch` to write.
     """
     settings = LauncherSettings.from_config(launcher)
     hostfile = resolve_hostfile(settings)
@@ -94,9 +106,17 @@ def plan_resources(launcher: object, *, device_count: int | None = None) -> Laun
     if settings.is_mpi:
         _check_mpi(settings, hostfile)
 
+    hostfile_text = None
+    slurm_pool = None
+    if hostfile is None and settings.launcher == "slurm" and environ is not None:
+        slurm_pool = slurm_allocation_pool(settings, environ, device_count)
     if hostfile is not None:
         pool, source = read_hostfile(hostfile), f"hostfile {hostfile}"
         check_source: str | None = source
+    elif slurm_pool is not None:
+        pool, source = slurm_pool, "the SLURM allocation (SLURM_JOB_NODELIST)"
+        check_source = source
+        hostfile_text = format_hostfile(pool)
     else:
         if settings.num_nodes > 1:
             raise LauncherError(
@@ -118,12 +138,46 @@ def plan_resources(launcher: object, *, device_count: int | None = None) -> Laun
         resources=resources,
         num_gpus=num_gpus,
         multi_node=forced or len(resources) > 1,
+        hostfile_text=hostfile_text,
     )
 
 
-def planned_world_size(launcher: object, *, device_count: int | None = None) -> int:
-    """The number of worker processes `launcher` will start (for the config's world size)."""
-    return plan_resources(launcher, device_count=device_count).world_size
+def slurm_allocation_pool(
+    settings: LauncherSettings, environ: Mapping[str, str], device_count: int | None
+) -> OrderedDict[str, int] | None:
+    """{node: slots} of the SLURM allocation deepy.py runs in, or None outside one.
+
+    DeepSpeed's runner without a hostfile only knows this machine (`srun -n <local GPUs>`),
+    so inside a multi-node allocation the nodes come from SLURM_JOB_NODELIST. Slots per
+    node: `num_gpus`, else SLURM_GPUS_ON_NODE, else SLURM_NTASKS_PER_NODE, else this
+    machine's GPU count, else 1.
+    """
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    nodes = expand_slurm_nodelist(nodelist)
+    if len(nodes) < 2:
+        return None  # one node: the runner's local pool is the same machine
+    slots = settings.num_gpus
+    for name in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
+        if slots is None and environ.get(name, "").isdigit() and int(environ[name]) > 0:
+            slots = int(environ[name])
+    if slots is None:
+        slots = (local_device_count() if device_count is None else device_count) or 1
+    return OrderedDict((node, slots) for node in nodes)
+
+
+def planned_world_size(
+    launcher: object,
+    *,
+    device_count: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """The number of worker processes `launcher` will start (for the config's world size).
+
+    Pass `environ=os.environ` from deepy.py so a SLURM allocation is taken into account.
+    """
+    return plan_resources(launcher, device_count=device_count, environ=environ).world_size
 
 
 def _check_mpi(settings: LauncherSettings, hostfile: str | None) -> None:

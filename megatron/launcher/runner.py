@@ -75,6 +75,8 @@ def runner_argv_for_plan(
     """`build_runner_argv` for an already resolved plan (see there)."""
     if not script:
         raise LauncherError("the worker script path is empty; pass e.g. 'train.py'")
+    if plan.hostfile is None and plan.hostfile_text is not None:
+        raise LauncherError("this plan needs its hostfile written first; use prepare_launch")
     settings = plan.settings
     backend = BACKENDS[settings.launcher]
     user_args = [str(arg) for arg in user_args]

@@ -26,6 +26,11 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
 SECRET = "e2e-secret-7d1f0c5a9b"
+# Left out of the test's environment: a CI job inside SLURM/MPI must not steer these runs.
+INHERITED = (
+    "CUDA_VISIBLE_DEVICES", "SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "RANK", "LOCAL_RANK",
+    "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DS_ENV_FILE",
+)  # fmt: skip
 
 WORKER = """
 import base64, hashlib, json, os, sys
@@ -68,7 +73,7 @@ def launch(tmp_path: Path, settings: dict) -> tuple[list[dict], str, list[dict],
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     log = tmp_path / "launcher_calls.jsonl"
-    environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED)}
     environ.update(
         PATH=f"{FAKE_BIN}{os.pathsep}{environ['PATH']}",
         PYTHONPATH=str(REPO),

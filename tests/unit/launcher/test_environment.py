@@ -151,9 +151,12 @@ def test_setup_distributed_env_from_deepspeed_launch():
 
 def test_setup_distributed_env_single_process_without_launcher():
     environ = {}
-    env = setup_distributed_env({"master_port": 29777}, environ)
-    assert env == DistributedEnv(0, 0, 1, "127.0.0.1", 29777, 1)
+    env = setup_distributed_env({"master_port": 29500}, environ)
+    # One process: a free port, so a busy 29500 (another job) cannot break `python train.py`.
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr) == (0, 0, 1, "127.0.0.1")
+    assert 0 < env.master_port < 65536 and environ["MASTER_PORT"] == str(env.master_port)
     assert environ["WORLD_SIZE"] == "1"
+    assert setup_distributed_env({}, {"MASTER_PORT": "29777"}).master_port == 29777
 
 
 def test_setup_distributed_env_partial_launch_variables():
