@@ -16,11 +16,13 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
+from types import SimpleNamespace
 
-from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle, load_config
+from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle
 from megatron.config.bundle import BUNDLE_FLAG
+from megatron.config.resolve import load_settings, log_warnings, resolve_settings, settings_group
+from megatron.launcher import LauncherError
 
 log = logging.getLogger("deepy")
 
@@ -61,12 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def vocab_size_of(cfg: Config, dry_run: bool) -> int | None:
+def vocab_size_of(tokenizer_cfg, dry_run: bool) -> int | None:
     """The tokenizer's vocabulary size, for the padded vocab; None if unknown in a dry run."""
     from megatron.data.tokenizers import build_tokenizer
 
     try:
-        return build_tokenizer(cfg).vocab_size
+        return build_tokenizer(SimpleNamespace(tokenizer=tokenizer_cfg)).vocab_size
     except Exception as err:  # noqa: BLE001 - reported as a config problem below
         if dry_run:
             log.warning("tokenizer not loaded (%s); padded_vocab_size left unset", err)
@@ -75,23 +77,16 @@ def vocab_size_of(cfg: Config, dry_run: bool) -> int | None:
 
 
 def resolve(args: argparse.Namespace) -> Config:
+    """Resolve the configs for the world size the launcher settings give."""
     from megatron.launcher import planned_world_size
 
-    first = load_config(args.configs, args.overrides, warn=[])
-    world_size = planned_world_size(first.launcher)
-    cfg = load_config(args.configs, args.overrides, world_size=world_size)
-    vocab = vocab_size_of(cfg, args.dry_run)
-    if vocab is not None:
-        cfg = load_config(
-            args.configs, args.overrides, world_size=world_size, vocab_size=vocab, warn=[]
-        )
+    settings = load_settings(args.configs, args.overrides)
+    world_size = planned_world_size(settings_group(settings, "launcher"))
+    vocab = vocab_size_of(settings_group(settings, "tokenizer"), args.dry_run)
+    warnings: list[str] = []
+    cfg = resolve_settings(settings, world_size=world_size, vocab_size=vocab, warn=warnings)
+    log_warnings(warnings)
     return cfg
-
-
-def runner_command(cfg: Config, script: str) -> list[str]:
-    from megatron.launcher import build_runner_argv
-
-    return build_runner_argv(cfg.launcher, script, [BUNDLE_FLAG, encode_bundle(cfg)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,24 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(args.script):
         raise ConfigError(f"worker script '{args.script}' not found")
     cfg = resolve(args)
-    command = runner_command(cfg, args.script)
-    if args.dry_run:
-        resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
-        print(json.dumps(resolved, indent=2, sort_keys=True))
-        print(" ".join(command))
-        return 0
-    from megatron.launcher import prepare_launch_environment
+    from megatron.launcher import prepare_launch, run_launch
 
-    env = prepare_launch_environment(cfg.launcher, os.environ)
-    log.info("launching %d rank(s): %s ...", cfg.parallel.world_size, " ".join(command[:8]))
-    return subprocess.call(command, env=env)
+    with prepare_launch(cfg.launcher, args.script, [BUNDLE_FLAG, encode_bundle(cfg)]) as plan:
+        if args.dry_run:
+            resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
+            print(json.dumps(resolved, indent=2, sort_keys=True))
+            print(plan.display())
+            return 0
+        log.info("launching %d rank(s)", plan.world_size)
+        return run_launch(plan)
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except ConfigError as err:
-        print(f"deepy.py: config error: {err}", file=sys.stderr)
+    except (ConfigError, LauncherError) as err:
+        print(f"deepy.py: {err}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

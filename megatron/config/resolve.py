@@ -80,6 +80,18 @@ def _build_groups(settings: dict[str, Setting]) -> dict[str, Any]:
     return {g: GROUPS[g](**kv) for g, kv in values.items()}
 
 
+def settings_group(settings: dict[str, Setting], name: str) -> Any:
+    """One group (e.g. `launcher`, `tokenizer`) built from merged settings, before the rest is
+    resolved: what the launcher needs to know the world size the full resolution depends on."""
+    mapped, _ = _map_neox_keys(settings, [])
+    return _build_groups(mapped)[name]
+
+
+def load_settings(files: list[str | Path], overrides: list[str] | None = None):
+    """Merged settings of config files plus `--set` overrides (not yet validated)."""
+    return apply_overrides(load_files([str(f) for f in files]), overrides or [])
+
+
 def resolve_settings(
     settings: dict[str, Setting],
     *,
@@ -109,12 +121,16 @@ def load_config(
 ) -> Config:
     """Load, merge, validate and derive: the one call `deepy.py` and tools make."""
     warnings: list[str] = [] if warn is None else warn
-    settings = apply_overrides(load_files([str(f) for f in files]), overrides or [])
+    settings = load_settings(files, overrides)
     cfg = resolve_settings(settings, world_size=world_size, vocab_size=vocab_size, warn=warnings)
     if warn is None:
-        for line in warnings:
-            log.warning(line)
+        log_warnings(warnings)
     return cfg
+
+
+def log_warnings(lines: list[str]) -> None:
+    for line in lines:
+        log.warning(line)
 
 
 def config_from_dict(flat: dict[str, Any], **kwargs: Any) -> Config:
