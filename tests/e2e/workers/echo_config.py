@@ -2,8 +2,8 @@
 
 Each rank writes `{save}/rank{R}.json` (the config's `save` folder: the config is the only
 channel that reaches workers under every launcher, MPI included) with its rank, world size
-and the config it
-received (so a test can check every rank got the identical, complete config).
+and the config it received (so a test can check every rank got the identical, complete
+config).
 """
 
 import hashlib
