@@ -23,7 +23,14 @@ from megatron.model.counting import (
     layer_parameters,
     parameter_breakdown,
 )
-from megatron.model.gpt import GPTModel, build_gpt, build_model, configure_activation_checkpointing
+from megatron.model.gpt import (
+    PIPELINE_SP_CONFIG,
+    GPTModel,
+    build_gpt,
+    build_model,
+    configure_activation_checkpointing,
+    pipeline_config_for,
+)
 from megatron.model.hf_names import (
     HF_ARCHITECTURES,
     from_hf,
@@ -39,6 +46,7 @@ from megatron.model.weights import full_state_dict, load_full_state_dict
 
 __all__ = [
     "HF_ARCHITECTURES",
+    "PIPELINE_SP_CONFIG",
     "GPTModel",
     "ModelArgs",
     "build_gpt",
@@ -58,6 +66,7 @@ __all__ = [
     "loss_fn",
     "name_map",
     "parameter_breakdown",
+    "pipeline_config_for",
     "split_qkv",
     "to_hf",
 ]

@@ -31,6 +31,19 @@ from megatron.parallel.comm import group_size
 
 PARTITION_METHODS = ("parameters", "uniform", "type:")
 
+PIPELINE_SP_CONFIG = {"pipe_partitioned": False, "grad_partitioned": False}
+"""DeepSpeed `pipeline` config section required with sequence parallelism and
+pipe_parallel_size > 1: the activations passed between stages are then already split along the
+sequence over tensor-parallel ranks, and DeepSpeed's default partitioning (which assumes they
+are replicated over tp) would reassemble them wrongly. `pipeline_config_for(args)` returns it."""
+
+
+def pipeline_config_for(args: ModelArgs) -> dict:
+    """The DeepSpeed `pipeline` config entries this model needs (empty when none)."""
+    if args.sequence_parallel and args.pipe_parallel_size > 1:
+        return dict(PIPELINE_SP_CONFIG)
+    return {}
+
 
 class GPTModel(nn.Module):
     """The GPT layers run in one process (no pipeline), named as in the `PipelineModule`.

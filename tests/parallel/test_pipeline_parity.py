@@ -13,6 +13,7 @@ before any step because every layer is built from its own seed whatever the layo
 - (tp=2, pp=1, dp=2): Llama-style toy (GQA, untied head); gradients are averaged over the
   two data-parallel replicas, each fed half of the micro-batches. Then again with sequence
   parallelism (norm gradients summed over tp by the hooks `build_gpt` registers).
+- (tp=2, pp=2) with sequence parallelism, DeepSpeed's pipeline activation partitioning off.
 
 Construction alone (4 stages) checks that `pipe_partition_method` reaches DeepSpeed: one
 transformer layer per stage with `type:transformer`, two layers with `uniform`.
@@ -28,7 +29,13 @@ import dataclasses
 import pytest
 import torch
 
-from megatron.model import build_gpt, count_model_parameters, count_parameters, full_state_dict
+from megatron.model import (
+    PIPELINE_SP_CONFIG,
+    build_gpt,
+    count_model_parameters,
+    count_parameters,
+    full_state_dict,
+)
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES
 from megatron.parallel import ParallelTopology, is_tensor_parallel
 from megatron.parallel.comm import all_gather_along
@@ -43,6 +50,10 @@ from tests.unit.model.tiny import (
 )
 
 TIED = "tied_modules.embed.word_embeddings.weight"
+# With sequence parallelism the activations sent between stages are already split over tp
+# (each tp rank holds another chunk); DeepSpeed's default `pipe_partitioned` would split them
+# again as if they were replicated and reassemble the wrong halves. See PIPELINE_SP_CONFIG.
+NO_PIPE_SPLIT = {"pipeline": PIPELINE_SP_CONFIG}
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -62,7 +73,7 @@ def full_tensor(p, tensor, tp_group):
     return all_gather_along(tensor, p.partition_dim, tp_group) if is_tensor_parallel(p) else tensor
 
 
-def run_engine(args, topo, batches, extra_steps):
+def run_engine(args, topo, batches, extra_steps, ds_overrides=None):
     """One engine: eval loss, first train loss, recorded full grads, weights, tied copies."""
     import deepspeed
 
@@ -77,6 +88,7 @@ def run_engine(args, topo, batches, extra_steps):
         "steps_per_print": 10**9,
         # DeepSpeed defaults to clipping at 1.0; the gradients are compared unclipped.
         "gradient_clipping": 0.0,
+        **(ds_overrides or {}),
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     weights = full_state_dict(model, topo.tp_group)
@@ -138,9 +150,9 @@ def _worker(rank, world_size, layouts, partition_methods):
 
     deepspeed.init_distributed(dist_backend="gloo")
     results = []
-    for args, tp, pp, batches, extra_steps in layouts:
+    for args, tp, pp, batches, extra_steps, *ds_overrides in layouts:
         topo = ParallelTopology(tp_size=tp, pp_size=pp)
-        results.append(run_engine(args, topo, batches, extra_steps))
+        results.append(run_engine(args, topo, batches, extra_steps, *ds_overrides))
     results.append(stage_bounds(layouts[0][0], partition_methods))
     return results
 
@@ -178,10 +190,11 @@ def test_pipeline_engine_matches_single_process():
         (neox_ckpt, 2, 2, neox_batches, 0),
         (llama, 2, 1, llama_batches, 0),
         (llama_sp, 2, 1, llama_batches, 0),
+        (dataclasses.replace(neox, sequence_parallel=True), 2, 2, neox_batches, 0, NO_PIPE_SPLIT),
     ]
     methods = ["type:transformer", "uniform", "parameters"]
     results = run_distributed(_worker, 4, layouts, methods, timeout=600)
-    for index, (args, *_rest, batches, _steps) in enumerate(layouts):
+    for index, (args, _tp, _pp, batches, *_rest) in enumerate(layouts):
         check_layout([r[index] for r in results], args, batches)
     # Layer list: word embedding, positions, 4 transformer layers (2..5), final norm, head.
     bounds = results[0][-1]
