@@ -4,7 +4,7 @@ Reading order (each file one concern): `args` (the settings) -> `init_methods`, 
 `activations`, `positional` -> `attention_backends` -> `attention`, `mlp` -> `transformer`
 -> `embedding`, `head` -> `specs` (the layer list and parameter names) -> `loss` -> `gpt`
 (`build_model`). Around it: `counting` (parameter counts), `weights` (full state dicts),
-`hf_names` (the Hugging Face rename table).
+`hf_names` (the Hugging Face rename table) and `hf_config`.
 
 Contract for the training loop:
 
@@ -31,15 +31,8 @@ from megatron.model.gpt import (
     configure_activation_checkpointing,
     pipeline_config_for,
 )
-from megatron.model.hf_names import (
-    HF_ARCHITECTURES,
-    from_hf,
-    fuse_qkv,
-    hf_config,
-    name_map,
-    split_qkv,
-    to_hf,
-)
+from megatron.model.hf_config import hf_config
+from megatron.model.hf_names import HF_ARCHITECTURES, from_hf, fuse_qkv, name_map, split_qkv, to_hf
 from megatron.model.loss import loss_fn
 from megatron.model.specs import gpt_layer_specs, layer_index, layer_prefix
 from megatron.model.weights import full_state_dict, load_full_state_dict

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import torch
 
 from megatron.model.args import ModelArgs, choose
-from megatron.model.mlp import mlp_inner_size
 from megatron.model.specs import layer_prefix
 
 Target = str | tuple[str, str, str]
@@ -203,80 +202,3 @@ def to_hf(state: dict, args: ModelArgs, arch: str, vocab_size: int | None = None
     if args.tied_embeddings and table.embedding in out:
         out[table.head] = out[table.embedding]
     return out
-
-
-# What each architecture fixes: ModelArgs field -> the only value it can express.
-HF_REQUIREMENTS: dict[str, dict[str, object]] = {
-    "gpt_neox": dict(
-        norm="layernorm",
-        activation="gelu",
-        pos_emb="rotary",
-        use_bias_in_norms=True,
-        gpt_j_tied=False,
-        num_kv_heads_equal_heads=True,
-        mlp_bias_equals_attn_bias=True,
-    ),
-    "llama": dict(
-        norm="rmsnorm",
-        activation="swiglu",
-        pos_emb="rotary",
-        use_bias_in_norms=False,
-        gpt_j_residual=False,
-        rotary_pct=1.0,
-    ),
-}
-
-
-def _feature(args: ModelArgs, key: str):
-    derived = {
-        "num_kv_heads_equal_heads": args.kv_heads == args.num_attention_heads,
-        "mlp_bias_equals_attn_bias": args.use_bias_in_mlp == args.use_bias_in_attn_linear,
-    }
-    return derived[key] if key in derived else getattr(args, key)
-
-
-def hf_config(args: ModelArgs, arch: str, vocab_size: int | None = None) -> dict:
-    """Keyword arguments of the Hugging Face config (transformers 5 names) for this model.
-
-    Raises `ValueError` naming the settings the architecture cannot express.
-    """
-    choose(HF_ARCHITECTURES, "Hugging Face architecture", arch)
-    needs = HF_REQUIREMENTS[arch]
-    wrong = {k: _feature(args, k) for k, v in needs.items() if _feature(args, k) != v}
-    if wrong:
-        raise ValueError(
-            f"this model cannot be expressed as Hugging Face {arch}: it has {wrong}, the "
-            f"architecture needs {needs}"
-        )
-    common = dict(
-        vocab_size=vocab_size or args.vocab_size,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_attention_heads,
-        intermediate_size=mlp_inner_size(args),
-        max_position_embeddings=args.max_positions,
-        tie_word_embeddings=args.tied_embeddings,
-        attention_dropout=args.attention_dropout,
-        attention_bias=args.use_bias_in_attn_linear,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": float(args.rotary_emb_base),
-            "partial_rotary_factor": args.rotary_pct,
-        },
-    )
-    if arch == "gpt_neox":
-        return dict(
-            common,
-            hidden_act="gelu",
-            layer_norm_eps=args.layernorm_epsilon,
-            use_parallel_residual=args.gpt_j_residual,
-            hidden_dropout=args.hidden_dropout,
-        )
-    return dict(
-        common,
-        hidden_act="silu",
-        num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        rms_norm_eps=args.rms_norm_epsilon,
-        mlp_bias=args.use_bias_in_mlp,
-    )
