@@ -17,8 +17,9 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   const int64_t s = blockIdx.x / shape.batch;
   const int64_t b = blockIdx.x % shape.batch;
   const int half = shape.rot_dim / 2;
-  const TC* c = cos + s * shape.rot_dim;
-  const TC* sn = sin + s * shape.rot_dim;
+  const int64_t angles = s * shape.angle_stride_seq + b * shape.angle_stride_batch;
+  const TC* c = cos + angles;
+  const TC* sn = sin + angles;
   for (int64_t h = threadIdx.y; h < shape.heads; h += blockDim.y) {
     const T* x = input + s * shape.stride_seq + b * shape.stride_batch + h * shape.stride_head;
     T* y = output + ((s * shape.batch + b) * shape.heads + h) * shape.head_dim;

@@ -3,8 +3,9 @@
 // Plain C++ over raw pointers (no PyTorch types); fused_rotary_binding.cpp calls these.
 //
 // Layout: x is (seq, batch, heads, head_dim) with any strides on the first three dims and a
-// contiguous last dim; cos and sin are contiguous (seq, rot_dim); the output is a contiguous
-// (seq, batch, heads, head_dim) tensor. With half = rot_dim / 2, x1 = x[..., :half] and
+// contiguous last dim; cos and sin are (seq, batch or 1, rot_dim) with a contiguous last dim
+// (one table for the batch, or one per batch row when rows have their own positions); the
+// output is a contiguous (seq, batch, heads, head_dim) tensor. With half = rot_dim / 2, x1 = x[..., :half] and
 // x2 = x[..., half:rot_dim], the forward computes the "rotate_half" rotation
 //   out[..., :half]        = x1 * cos[:, :half] - x2 * sin[:, :half]
 //   out[..., half:rot_dim] = x2 * cos[:, half:] + x1 * sin[:, half:]
@@ -29,6 +30,8 @@ struct RotaryShape {
   int64_t stride_seq;    // input strides in elements (the last dim has stride 1)
   int64_t stride_batch;
   int64_t stride_head;
+  int64_t angle_stride_seq;    // cos/sin strides in elements (the last dim has stride 1)
+  int64_t angle_stride_batch;  // 0: one table shared by the batch
 };
 
 // `dtype` is the type of input and output, `cos_dtype` that of cos and sin (the same as dtype,

@@ -4,8 +4,8 @@
 // Importing the extension module `megatron.kernels._fused_rotary_cuda` registers
 //   torch.ops.megatron_fused_rotary.forward(input, cos, sin, output)
 //   torch.ops.megatron_fused_rotary.backward(grad_output, cos, sin, grad_input)
-// with input (seq, batch, heads, head_dim), cos/sin (seq, 1, 1, rot_dim) or (seq, rot_dim),
-// and a contiguous output of the input's shape that is written completely.
+// with input (seq, batch, heads, head_dim), cos/sin (seq, batch or 1, 1, rot_dim) or
+// (seq, rot_dim), and a contiguous output of the input's shape that is written completely.
 #include <Python.h>
 
 #include <ATen/core/Tensor.h>
@@ -41,11 +41,12 @@ void check_angles(const at::Tensor& angles, const char* name, const at::Tensor& 
   TORCH_CHECK(angles.scalar_type() == input.scalar_type() || angles.scalar_type() == at::kFloat,
               "megatron_fused_rotary: ", name, " has dtype ", angles.scalar_type(),
               "; it must be float32 or the input's dtype ", input.scalar_type());
-  const bool shape_ok =
-      (angles.dim() == 2 || (angles.dim() == 4 && angles.size(1) == 1 && angles.size(2) == 1)) &&
-      angles.size(0) == input.size(0);
+  const bool table_4d = angles.dim() == 4 && angles.size(2) == 1 &&
+                       (angles.size(1) == 1 || angles.size(1) == input.size(1));
+  const bool shape_ok = (angles.dim() == 2 || table_4d) && angles.size(0) == input.size(0);
   TORCH_CHECK(shape_ok, "megatron_fused_rotary: ", name, " has shape ", angles.sizes(),
-              "; expected (seq, 1, 1, rot_dim) or (seq, rot_dim) with seq = ", input.size(0));
+              "; expected (seq, batch or 1, 1, rot_dim) or (seq, rot_dim) with seq = ",
+              input.size(0), " and batch = ", input.size(1));
   TORCH_CHECK(angles.is_contiguous(), "megatron_fused_rotary: ", name, " must be contiguous");
 }
 
@@ -78,6 +79,8 @@ RotaryShape rotary_shape(const at::Tensor& input, const at::Tensor& cos, const a
   shape.stride_seq = input.stride(0);
   shape.stride_batch = input.stride(1);
   shape.stride_head = input.stride(2);
+  shape.angle_stride_seq = cos.stride(0);
+  shape.angle_stride_batch = cos.dim() == 4 && cos.size(1) > 1 ? cos.stride(1) : 0;
   return shape;
 }
 

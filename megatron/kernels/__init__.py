@@ -5,7 +5,7 @@ What the model calls:
 * `FusedScaleMaskSoftmax(mask_type, fusion, softmax_in_fp32, scale)` (or `.from_config(cfg,
   mask_type, scale)`): attention probabilities from (b, np, sq, sk) scores;
 * `apply_rotary_pos_emb(query, key, cos, sin, offset=0, fused=...)`: rotary embedding of
-  (seq, batch, heads, head_dim) tensors with (seq, 1, 1, rot_dim) cos/sin tables.
+  (seq, batch, heads, head_dim) tensors with (seq, 1 or batch, 1, rot_dim) cos/sin tables.
 
 The compiled extensions are optional: without them (or off GPU) the same calls run the
 PyTorch reference, and a missing extension is reported once (see `loader`).

@@ -1,8 +1,8 @@
 """Rotary positional embedding for the model: the fused CUDA kernel where it applies, else PyTorch.
 
 Layout and convention are those of `rotary_reference` (GPT-NeoX "rotate_half", Megatron
-(seq, batch, heads, head_dim) tensors, cos/sin (seq, 1, 1, rot_dim) rotating the first rot_dim
-dims). The `rope_fusion` config key (`cfg.model.rope_fusion`) is the `fused` argument.
+(seq, batch, heads, head_dim) tensors, cos/sin (seq, 1 or batch, 1, rot_dim) rotating the
+first rot_dim dims). The `rope_fusion` config key (`cfg.model.rope_fusion`) is the `fused` argument.
 
 The kernel reads q/k through their strides (views of a fused QKV projection are fine as long
 as head_dim is contiguous), computes in float32, writes a new contiguous tensor in x's dtype,
@@ -65,12 +65,13 @@ def _check_shapes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None
         raise ValueError(
             f"rotary embedding: x must be (seq, batch, heads, head_dim), got {tuple(x.shape)}"
         )
-    seq, head_dim = x.size(0), x.size(-1)
+    seq, batch, head_dim = x.size(0), x.size(1), x.size(-1)
     rot_dim = cos.size(-1)
-    if cos.shape != sin.shape or cos.shape != (seq, 1, 1, rot_dim):
+    if cos.shape != sin.shape or cos.shape not in ((seq, 1, 1, rot_dim), (seq, batch, 1, rot_dim)):
         raise ValueError(
             f"rotary embedding: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must both be "
-            f"(seq, 1, 1, rot_dim) with seq = {seq} (x is {tuple(x.shape)})"
+            f"(seq, 1, 1, rot_dim) or (seq, batch, 1, rot_dim) with seq = {seq}, batch = "
+            f"{batch} (x is {tuple(x.shape)})"
         )
     if rot_dim % 2 or not 0 < rot_dim <= head_dim:
         raise ValueError(
@@ -84,7 +85,8 @@ def apply_rotary(
 ) -> torch.Tensor:
     """Rotate the first rot_dim = cos.size(-1) dims of x (seq, batch, heads, head_dim).
 
-    cos/sin are (seq, 1, 1, rot_dim). With `fused`, the CUDA kernel runs when
+    cos/sin are (seq, 1, 1, rot_dim), or (seq, batch, 1, rot_dim) when batch rows have their
+    own positions. With `fused`, the CUDA kernel runs when
     `rotary_unsupported_reason` is None; otherwise the PyTorch reference. Returns x's dtype.
     """
     _check_shapes(x, cos, sin)
@@ -104,8 +106,9 @@ def apply_rotary_pos_emb(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding of query and key, both (seq, batch, heads, head_dim).
 
-    cos/sin are (seq_total, 1, 1, rot_dim) tables; rows offset .. offset + seq are used (the
-    offset is the number of positions already in a KV cache when generating). rot_dim <
+    cos/sin are (seq_total, 1, 1, rot_dim) tables, or (seq_total, batch, 1, rot_dim) for
+    per-row positions; rows offset .. offset + seq are used (the offset is the number of
+    positions already in a KV cache when generating). rot_dim <
     head_dim leaves the last dims unrotated (rotary_pct < 1). query and key may differ in heads
     (grouped-query attention) but not in seq.
     """

@@ -3,8 +3,9 @@
 GPT-NeoX ("rotate_half") convention, Megatron layout:
 
 * x (query or key) is (seq, batch, heads, head_dim);
-* cos and sin are (seq, 1, 1, rot_dim), rot_dim = rotary_pct * head_dim, even, usually
-  `cat(freqs, freqs)` so both halves of the rotary dims share an angle;
+* cos and sin are (seq, 1, 1, rot_dim) (or (seq, batch, 1, rot_dim) for per-row positions),
+  rot_dim = rotary_pct * head_dim, even, usually `cat(freqs, freqs)` so both halves of the
+  rotary dims share an angle;
 * the first rot_dim dims become `x_rot * cos + rotate_half(x_rot) * sin`, where rotate_half
   splits the rotary dims into halves (x1, x2) and returns (-x2, x1); the remaining
   head_dim - rot_dim dims pass through unchanged (rotary_pct < 1).

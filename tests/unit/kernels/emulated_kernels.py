@@ -29,7 +29,7 @@ I64, INT, F32, PTR = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void
 SIGNATURES = {
     "emu_softmax_forward": [INT, PTR, PTR, I64, I64, INT, PTR, I64, I64, INT, INT, F32],
     "emu_softmax_backward": [INT, PTR, PTR, PTR, INT, I64, INT, INT, F32],
-    "emu_rotary": [INT, INT, INT, PTR, PTR, PTR, PTR, I64, I64, I64, INT, INT, I64, I64, I64],
+    "emu_rotary": [INT, INT, INT, PTR, PTR, PTR, PTR, I64, I64, I64, INT, INT] + [I64] * 5,
 }
 
 
@@ -81,8 +81,9 @@ class EmulatedKernels:
         )
 
     def rotary(self, x, cos, sin, out, backward: bool) -> int:
-        """x may be strided on its first three dims; out is contiguous."""
+        """x may be strided on its first three dims; out, cos and sin are contiguous."""
         s, b, h, d = x.shape
+        angle_stride_batch = cos.stride(1) if cos.size(1) > 1 else 0
         return self.handle.emu_rotary(
             int(backward),
             DTYPE_CODES[x.dtype],
@@ -97,6 +98,8 @@ class EmulatedKernels:
             d,
             cos.size(-1),
             *x.stride()[:3],
+            cos.stride(0),
+            angle_stride_batch,
         )
 
 

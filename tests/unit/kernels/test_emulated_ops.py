@@ -135,12 +135,13 @@ def test_fused_softmax_module_matches_its_torch_path(emulated_ops, dtype, mask_t
 
 
 @pytest.mark.parametrize("rotary_pct", [1.0, 0.5])
-def test_fused_rotary_matches_the_reference(emulated_ops, rotary_pct):
+@pytest.mark.parametrize("table_batch", [1, 2])
+def test_fused_rotary_matches_the_reference(emulated_ops, rotary_pct, table_batch):
     seq, batch, heads, head_dim = 6, 2, 3, 16
     rot_dim = int(head_dim * rotary_pct)
     qkv = torch.randn(seq, batch, heads, 3 * head_dim, dtype=torch.float64).float()
     query, key, _ = qkv.requires_grad_().split(head_dim, dim=-1)  # strided views
-    angles = torch.rand(seq, 1, 1, rot_dim // 2).repeat(1, 1, 1, 2) * 6
+    angles = torch.rand(seq, table_batch, 1, rot_dim // 2).repeat(1, 1, 1, 2) * 6
     cos, sin = angles.cos(), angles.sin()
 
     before = CALLS.copy()

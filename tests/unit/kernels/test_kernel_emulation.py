@@ -115,18 +115,28 @@ def rotary(emulated, x, cos, sin, backward):
     return out
 
 
+def angle_tables(seq, batch, rot_dim, dtype, per_row, generator):
+    """(seq, 1, 1, rot_dim) tables for positions 0..seq-1, or (seq, batch, 1, rot_dim) ones
+    for random per-row positions."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rot_dim, 2).double() / rot_dim)
+    if per_row:
+        positions = torch.randint(0, 4 * seq, (seq, batch, 1), generator=generator).double()
+    else:
+        positions = torch.arange(seq).double()[:, None, None]
+    emb = (positions[..., None] * inv_freq).repeat(1, 1, 1, 2)  # (seq, batch or 1, 1, rot)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,rotary_pct", [((5, 2, 3, 16), 1.0), ((7, 1, 5, 80), 0.25)])
-@pytest.mark.parametrize("fp32_tables", [False, True])
+@pytest.mark.parametrize("shape,rotary_pct", [((5, 2, 3, 16), 1.0), ((7, 3, 5, 80), 0.25)])
+@pytest.mark.parametrize("tables", ["shared", "fp32", "per-row"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_rotary_kernel(emulated, dtype, shape, rotary_pct, fp32_tables, strided):
+def test_rotary_kernel(emulated, dtype, shape, rotary_pct, tables, strided):
     generator = torch.Generator().manual_seed(1)
     s, b, h, d = shape
     rot_dim = int(d * rotary_pct)
-    inv_freq = 1.0 / 10000 ** (torch.arange(0, rot_dim, 2).double() / rot_dim)
-    emb = torch.outer(torch.arange(s).double(), inv_freq).repeat(1, 2)[:, None, None, :]
-    table_dtype = torch.float32 if fp32_tables else dtype
-    cos, sin = emb.cos().to(table_dtype), emb.sin().to(table_dtype)
+    table_dtype = torch.float32 if tables == "fp32" else dtype
+    cos, sin = angle_tables(s, b, rot_dim, table_dtype, tables == "per-row", generator)
     x = torch.randn(s, b, h, 3 * d if strided else d, generator=generator).to(dtype)[..., :d]
 
     x64 = x.double().requires_grad_()

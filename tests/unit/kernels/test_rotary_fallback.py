@@ -77,6 +77,17 @@ def test_strided_query_key_views_of_a_fused_projection():
     torch.testing.assert_close(k_out, reference_rotary(key.contiguous(), cos, sin))
 
 
+def test_per_row_tables_rotate_each_row_by_its_own_positions():
+    cos, sin = angle_tables(SEQ + 3, HEAD_DIM)
+    x = torch.randn(SEQ, 2, HEADS, HEAD_DIM)
+    # row 0 at positions 0.., row 1 at positions 3..: (seq, batch, 1, rot) tables
+    per_row_cos = torch.cat((cos[:SEQ], cos[3:]), dim=1)
+    per_row_sin = torch.cat((sin[:SEQ], sin[3:]), dim=1)
+    out = apply_rotary(x, per_row_cos, per_row_sin)
+    torch.testing.assert_close(out[:, :1], apply_rotary(x[:, :1], cos[:SEQ], sin[:SEQ]))
+    torch.testing.assert_close(out[:, 1:], apply_rotary(x[:, 1:], cos[3:], sin[3:]))
+
+
 def test_offset_uses_later_positions_of_the_table():
     cos, sin = angle_tables(SEQ + 4, HEAD_DIM)
     x = torch.randn(SEQ + 4, 1, HEADS, HEAD_DIM)

@@ -24,10 +24,14 @@ SHAPES = [  # (seq, batch, heads, head_dim)
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
-def angle_tables(seq: int, rot_dim: int, dtype: torch.dtype):
+def angle_tables(seq: int, rot_dim: int, dtype: torch.dtype, batch: int = 1):
+    """(seq, batch, 1, rot_dim) cos/sin; with batch > 1, each row at its own random positions."""
     inv_freq = 1.0 / 10000 ** (torch.arange(0, rot_dim, 2, device="cuda").double() / rot_dim)
-    freqs = torch.outer(torch.arange(seq, device="cuda").double(), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+    if batch == 1:
+        positions = torch.arange(seq, device="cuda").double()[:, None, None]
+    else:
+        positions = torch.randint(0, 4 * seq, (seq, batch, 1), device="cuda").double()
+    emb = (positions[..., None] * inv_freq).repeat(1, 1, 1, 2)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -44,12 +48,14 @@ def make_input(shape, dtype, strided: bool, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rotary_pct", [1.0, 0.5, 0.25])
-@pytest.mark.parametrize("fp32_tables", [False, True])
+@pytest.mark.parametrize("tables", ["shared", "fp32", "per-row"])
 @pytest.mark.parametrize("strided", [False, True])
-def test_kernel_matches_fp64(shape, dtype, rotary_pct, fp32_tables, strided):
+def test_kernel_matches_fp64(shape, dtype, rotary_pct, tables, strided):
     rot_dim = int(shape[-1] * rotary_pct)
     x = make_input(shape, dtype, strided, seed=SHAPES.index(shape))
-    cos, sin = angle_tables(shape[0], rot_dim, torch.float32 if fp32_tables else dtype)
+    table_dtype = torch.float32 if tables == "fp32" else dtype
+    table_batch = shape[1] if tables == "per-row" else 1
+    cos, sin = angle_tables(shape[0], rot_dim, table_dtype, table_batch)
     ops = torch.ops.megatron_fused_rotary
 
     x64 = x.double().requires_grad_()

@@ -27,9 +27,12 @@ extern "C" int emu_softmax_backward(int dtype, const void* grad_output, const vo
 extern "C" int emu_rotary(int backward, int dtype, int cos_dtype, const void* input,
                           const void* cos, const void* sin, void* output, int64_t seq,
                           int64_t batch, int64_t heads, int head_dim, int rot_dim,
-                          int64_t stride_seq, int64_t stride_batch, int64_t stride_head) {
-  const megatron_kernels::RotaryShape shape{seq, batch, heads, head_dim, rot_dim,
-                                            stride_seq, stride_batch, stride_head};
+                          int64_t stride_seq, int64_t stride_batch, int64_t stride_head,
+                          int64_t angle_stride_seq, int64_t angle_stride_batch) {
+  const megatron_kernels::RotaryShape shape{seq,        batch,        heads,
+                                            head_dim,   rot_dim,      stride_seq,
+                                            stride_batch, stride_head, angle_stride_seq,
+                                            angle_stride_batch};
   const auto type = static_cast<DType>(dtype);
   const auto cos_type = static_cast<DType>(cos_dtype);
   if (backward) {
