@@ -31,6 +31,7 @@ from megatron.launcher.plan import LaunchResources, local_device_count, plan_res
 from megatron.launcher.runner import runner_argv_for_plan
 from megatron.launcher.secrets import (
     SECRETS_FILE_VAR,
+    check_deepspeed_env_files,
     redact_argv,
     secret_names,
     write_secrets_file,
@@ -109,6 +110,7 @@ def prepare_launch(
     secrets_file = None
     forwarded: list[str] = []
     if resources.multi_node:
+        check_deepspeed_env_files(environ, extra=extra)
         forwarded = secret_names(environ, extra)
         if forwarded:
             secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, launch_dir)

@@ -29,7 +29,7 @@ import shlex
 import tempfile
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 
-from megatron.launcher.errors import WorkerEnvironmentError
+from megatron.launcher.errors import LauncherError, WorkerEnvironmentError
 
 SECRETS_FILE_VAR = "MEGATRON_SECRETS_FILE"
 REDACTED = "***"
@@ -95,6 +95,32 @@ def redact_argv(
             continue
         out.append(_ASSIGNMENT_RE.sub(hide, redact_text(arg, environ, extra)))
     return out
+
+
+def check_deepspeed_env_files(
+    environ: Mapping[str, str], cwd: str | None = None, extra: Iterable[str] = ()
+) -> None:
+    """Refuse secrets in the `.deepspeed_env` files the runner would read.
+
+    The runner reads `$DS_ENV_FILE` (default `.deepspeed_env`) from the home directory and
+    the working directory and puts every `NAME=value` line on the pdsh/srun/mpirun command
+    line, which it also logs.
+    """
+    name = environ.get("DS_ENV_FILE", ".deepspeed_env")
+    home = environ.get("HOME") or os.path.expanduser("~")
+    for directory in (home, cwd or os.getcwd()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                key = line.split("=", 1)[0].strip()
+                if "=" in line and is_secret_name(key, extra):
+                    raise LauncherError(
+                        f"{path}, line {number} sets {key}: DeepSpeed's runner would put its "
+                        "value on the launch command line and in the log. Remove the line and "
+                        "export the variable instead; deepy.py forwards secrets privately"
+                    )
 
 
 def write_secrets_file(values: Mapping[str, str], directory: str) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from megatron.launcher import (
     SECRETS_FILE_VAR,
+    LauncherError,
     WorkerEnvironmentError,
     is_secret_name,
     load_forwarded_secrets,
@@ -146,3 +147,20 @@ def test_malformed_secrets_file_names_the_file(tmp_path, text):
     path.write_text(text)
     with pytest.raises(WorkerEnvironmentError, match="secrets.sh' is not a list of"):
         read_secrets_file(str(path))
+
+
+def test_secret_in_a_deepspeed_env_file_is_refused(tmp_path, monkeypatch):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=1\nn2 slots=1\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\nHF_TOKEN=hf_abc\n")
+    monkeypatch.chdir(tmp_path)
+    environ = {"HOME": str(home)}
+    with pytest.raises(LauncherError, match=r"\.deepspeed_env, line 2 sets HF_TOKEN") as err:
+        with prepare_launch({"hostfile": str(hostfile)}, "train.py", [], environ=environ):
+            pass
+    assert "hf_abc" not in str(err.value)
+    (home / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n")
+    with prepare_launch({"hostfile": str(hostfile)}, "train.py", [], environ=environ) as plan:
+        assert plan.secrets_file is None
