@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron.data.index_mapping import build_index_mappings
+from megatron.data.index_mapping import build_index_mappings, load_index_mappings
 from megatron.data.indexed_dataset import MMapIndexedDataset
 
 
@@ -64,7 +64,19 @@ class GPTDataset:
         self.sample_idx = mappings.sample_idx
         self.shuffle_idx = mappings.shuffle_idx
         self.num_epochs = mappings.num_epochs
+        self._paths = mappings.paths
         self.index_built = mappings.built
+
+    def __getstate__(self):
+        # DataLoader workers get the dataset pickled: send the .npy paths, not the arrays.
+        state = dict(self.__dict__)
+        for kind in self._paths:
+            del state[kind]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.update(load_index_mappings(self._paths))
 
     def __len__(self) -> int:
         return self.shuffle_idx.shape[0]

@@ -2,13 +2,15 @@
 
 `index_helpers()` returns the compiled implementation when the extension
 `megatron.data._index_helpers` is built (setup.py, or `python -m megatron.data.helpers_build`),
-else the numpy one. Both give identical arrays; tests compare them.
+else the numpy one; `MEGATRON_DATA_HELPERS=numpy` forces numpy. Both give identical arrays;
+tests compare them.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 
 import numpy as np
 
@@ -104,6 +106,8 @@ class CompiledIndexHelpers:
 @functools.cache
 def index_helpers() -> NumpyIndexHelpers | CompiledIndexHelpers:
     """The compiled helpers when the extension is importable, else numpy."""
+    if os.environ.get("MEGATRON_DATA_HELPERS") == "numpy":
+        return NumpyIndexHelpers()
     try:
         module = importlib.import_module("megatron.data._index_helpers")
     except ImportError:

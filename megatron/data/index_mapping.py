@@ -107,6 +107,29 @@ def _is_builder(dist, use_shared_fs: bool) -> bool:
     return int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
 
 
+def _build_and_save(paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed):
+    start = time.perf_counter()
+    paths["doc_idx"].parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.RandomState(seed)
+    doc_idx = build_doc_idx(documents, num_epochs, rng)
+    # Every full sample the epochs hold, not only num_samples: later epochs may be used.
+    total_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
+    sample_idx = index_helpers().build_sample_idx(sizes, doc_idx, seq_length, total_samples)
+    shuffle_idx = build_shuffle_idx(sample_idx.shape[0] - 1, rng)
+    for kind, array in zip(KINDS, (doc_idx, sample_idx, shuffle_idx)):
+        _save_atomic(paths[kind], array)
+    logger.info(
+        "built %s: %d samples over %d epochs in %.2f s (%s helpers)",
+        paths["doc_idx"].name, total_samples, num_epochs, time.perf_counter() - start,
+        index_helpers().name,
+    )  # fmt: skip
+
+
+def load_index_mappings(paths: dict[str, Path]) -> dict[str, np.ndarray]:
+    """The three arrays, memory-mapped from their .npy files."""
+    return {kind: np.load(path, mmap_mode="r", allow_pickle=False) for kind, path in paths.items()}
+
+
 def build_index_mappings(
     name: str,
     cache_prefix: str | Path,
@@ -138,31 +161,21 @@ def build_index_mappings(
 
     dist = _distributed()
     built = _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values())
+    error = None
     if built:
-        start = time.perf_counter()
-        paths["doc_idx"].parent.mkdir(parents=True, exist_ok=True)
-        rng = np.random.RandomState(seed)
-        doc_idx = build_doc_idx(documents, num_epochs, rng)
-        # Every full sample the epochs hold, not only num_samples: later epochs may be used.
-        total_samples = (num_epochs * tokens_per_epoch - 1) // seq_length
-        sample_idx = index_helpers().build_sample_idx(sizes, doc_idx, seq_length, total_samples)
-        shuffle_idx = build_shuffle_idx(sample_idx.shape[0] - 1, rng)
-        for kind, array in zip(KINDS, (doc_idx, sample_idx, shuffle_idx)):
-            _save_atomic(paths[kind], array)
-        logger.info(
-            "built %s index for %s: %d samples over %d epochs in %.2f s (%s helpers)",
-            name, cache_prefix, total_samples, num_epochs, time.perf_counter() - start,
-            index_helpers().name,
-        )  # fmt: skip
+        try:
+            _build_and_save(paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed)
+        except BaseException as e:  # reach the barrier anyway, or the other ranks hang there
+            error = e
     if dist is not None:
         dist.barrier()
+    if error is not None:
+        raise error
     missing = [str(p) for p in paths.values() if not p.is_file()]
     if missing:
         raise FileNotFoundError(
             f"index files missing after the building rank finished: {missing}. If the nodes do "
             "not share a file system, set `use_shared_fs: false` so each node builds its own."
         )
-    arrays = {
-        kind: np.load(path, mmap_mode="r", allow_pickle=False) for kind, path in paths.items()
-    }
+    arrays = load_index_mappings(paths)
     return IndexMappings(num_epochs=num_epochs, paths=paths, built=built, **arrays)

@@ -107,3 +107,14 @@ def test_errors(corpus):
     gpt = _dataset(ds, num_samples=10)
     with pytest.raises(IndexError, match="out of range"):
         gpt[len(gpt)]
+
+
+def test_pickles_by_path(corpus, tmp_path):
+    import pickle
+
+    ds, _ = corpus
+    gpt = _dataset(ds, cache_prefix=tmp_path / "c")
+    payload = pickle.dumps(gpt)
+    assert len(payload) < 2000  # the index arrays travel as file paths
+    clone = pickle.loads(payload)
+    assert np.array_equal(clone[3]["text"], gpt[3]["text"]) and len(clone) == len(gpt)

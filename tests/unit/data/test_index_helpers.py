@@ -65,3 +65,27 @@ def test_blending_compiled_equals_numpy(compiled):
     ties = np.array([0.25, 0.25, 0.5])
     a, b = compiled.build_blending_indices(ties, 97), reference.build_blending_indices(ties, 97)
     np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_runtime_falls_back_to_numpy(monkeypatch):
+    import importlib
+
+    from megatron.data import index_helpers as module
+
+    real_import = importlib.import_module
+
+    def no_extension(name, *args):
+        if name == "megatron.data._index_helpers":
+            raise ImportError(name)
+        return real_import(name, *args)
+
+    module.index_helpers.cache_clear()
+    try:
+        monkeypatch.setattr(importlib, "import_module", no_extension)
+        assert module.index_helpers().name == "numpy"
+        module.index_helpers.cache_clear()
+        monkeypatch.setattr(importlib, "import_module", real_import)
+        monkeypatch.setenv("MEGATRON_DATA_HELPERS", "numpy")
+        assert module.index_helpers().name == "numpy"
+    finally:
+        module.index_helpers.cache_clear()
