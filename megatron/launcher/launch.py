@@ -55,6 +55,7 @@ class LaunchPlan:
     forwarded_secrets: list[str] = field(default_factory=list)
     """Names of the secret variables sent through `secrets_file`."""
     extra_secret_names: tuple[str, ...] = ()
+    """Variables treated as secrets besides the `is_secret_name` matches."""
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
     """The secret variables of the original environment, to redact from `display()`."""
 
@@ -76,7 +77,7 @@ def prepare_launch(
     *,
     environ: Mapping[str, str] | None = None,
     python: str = sys.executable,
-    secrets_dir: str | None = None,
+    launch_dir: str | None = None,
     extra_secret_names: Iterable[str] = (),
     device_count: int | None = None,
 ) -> Iterator[LaunchPlan]:
@@ -87,7 +88,7 @@ def prepare_launch(
         script, user_args: the worker script and its arguments (e.g. the config bundle).
         environ: the environment to start from (default `os.environ`); not modified.
         python: interpreter for the runner.
-        secrets_dir: where a multi-node launch writes its secrets file (and a hostfile made
+        launch_dir: where a multi-node launch writes its secrets file (and a hostfile made
             from a SLURM allocation); it must be on a filesystem every node sees (default:
             `.megatron_launch/` in the working directory, which the pdsh backend already
             requires to be shared).
@@ -100,38 +101,37 @@ def prepare_launch(
     environ = dict(os.environ if environ is None else environ)
     extra = tuple(extra_secret_names)
     resources = plan_resources(launcher, device_count=device_count, environ=environ)
+    directory = launch_dir or os.path.join(os.getcwd(), DEFAULT_LAUNCH_DIR)
     env = dict(environ)
-    staged: list[str] = []  # files to delete when the launch ends
-    launch_dir = secrets_dir or os.path.join(os.getcwd(), DEFAULT_LAUNCH_DIR)
-    if resources.hostfile_text is not None:
-        path = _write_private(launch_dir, "hostfile-", resources.hostfile_text)
-        staged.append(path)
-        resources = dataclasses.replace(resources, hostfile=path)
-    secrets_file = None
-    forwarded: list[str] = []
-    if resources.multi_node:
-        check_deepspeed_env_files(environ, extra=extra)
-        forwarded = secret_names(environ, extra)
+    staged: list[str] = []  # files to delete when the launch ends, or fails to start
+    try:
+        if resources.hostfile_text is not None:
+            path = _write_private(directory, "hostfile-", resources.hostfile_text)
+            staged.append(path)
+            resources = dataclasses.replace(resources, hostfile=path)
+        secrets_file = None
+        forwarded: list[str] = []
+        if resources.multi_node:
+            check_deepspeed_env_files(environ, extra=extra)
+            forwarded = secret_names(environ, extra)
         if forwarded:
-            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, launch_dir)
+            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, directory)
             staged.append(secrets_file)
             for name in forwarded:
                 del env[name]
             env[SECRETS_FILE_VAR] = secrets_file
-    elif resources.hostfile is None and _no_gpu(device_count):
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    argv = runner_argv_for_plan(
-        resources,
-        script,
-        user_args,
-        python=python,
-        forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
-        env_script=secrets_file,
-    )
-    secret_values = {name: environ[name] for name in secret_names(environ, extra)}
-    plan = LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)
-    try:
-        yield plan
+        if not resources.multi_node and resources.hostfile is None and _no_gpu(device_count):
+            env.setdefault("DS_ACCELERATOR", "cpu")
+        argv = runner_argv_for_plan(
+            resources,
+            script,
+            user_args,
+            python=python,
+            forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
+            env_script=secrets_file,
+        )
+        secret_values = {name: environ[name] for name in secret_names(environ, extra)}
+        yield LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)
     finally:
         for path in staged:
             if os.path.exists(path):

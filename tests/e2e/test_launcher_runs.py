@@ -121,7 +121,7 @@ def start(directory: Path, settings: dict, stack: ExitStack) -> Launch:
     user_args = ["--settings", encoded, "--out", str(directory / "out")]
     plan = stack.enter_context(
         prepare_launch(
-            settings, str(worker), user_args, environ=environ, secrets_dir=str(directory / "s")
+            settings, str(worker), user_args, environ=environ, launch_dir=str(directory / "s")
         )
     )
     assert plan.world_size == 2

@@ -12,8 +12,14 @@ SLURM = {"launcher": "slurm", "deepspeed_slurm": True}
 
 
 def test_slurm_allocation_becomes_a_hostfile(tmp_path):
-    with prepare_launch(SLURM, "train.py", ["--megatron_config", "abc"], environ=ALLOCATION,
-                        secrets_dir=str(tmp_path), device_count=4) as plan:  # fmt: skip
+    with prepare_launch(
+        SLURM,
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ=ALLOCATION,
+        launch_dir=str(tmp_path),
+        device_count=4,
+    ) as plan:
         assert plan.world_size == 12
         path = plan.argv[plan.argv.index("--hostfile") + 1]
         with open(path) as handle:

@@ -99,8 +99,14 @@ def test_setup_distributed_env_loads_forwarded_secrets(tmp_path):
 def test_local_launch_keeps_secrets_in_the_environment(tmp_path):
     environ = {"WANDB_API_KEY": KEY, "PATH": "/bin"}
     launcher = SimpleNamespace(num_gpus=2)
-    with prepare_launch(launcher, "train.py", ["--megatron_config", "abc"], environ=environ,
-                        secrets_dir=str(tmp_path), device_count=0) as plan:  # fmt: skip
+    with prepare_launch(
+        launcher,
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ=environ,
+        launch_dir=str(tmp_path),
+        device_count=0,
+    ) as plan:
         assert plan.env["WANDB_API_KEY"] == KEY and plan.secrets_file is None
         assert plan.env["DS_ACCELERATOR"] == "cpu" and plan.world_size == 2
         assert KEY not in " ".join(plan.argv)
@@ -112,8 +118,13 @@ def test_multi_node_launch_moves_secrets_to_a_file(tmp_path):
     hostfile.write_text("n1 slots=2\nn2 slots=2\n")
     environ = {"WANDB_API_KEY": KEY, "MLFLOW_TRACKING_TOKEN": "mlflow-secret", "PATH": "/bin"}
     launcher = {"launcher": "slurm", "hostfile": str(hostfile), "comment": f"x {KEY}"}
-    with prepare_launch(launcher, "train.py", ["--megatron_config", "abc"], environ=environ,
-                        secrets_dir=str(tmp_path / "s")) as plan:  # fmt: skip
+    with prepare_launch(
+        launcher,
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ=environ,
+        launch_dir=str(tmp_path / "s"),
+    ) as plan:
         assert "WANDB_API_KEY" not in plan.env and "MLFLOW_TRACKING_TOKEN" not in plan.env
         assert plan.forwarded_secrets == ["MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY"]
         path = plan.env[SECRETS_FILE_VAR]
@@ -131,13 +142,15 @@ def test_pdsh_launch_sources_the_secrets_file_and_openmpi_forwards_its_name(tmp_
     hostfile = tmp_path / "hosts"
     hostfile.write_text("n1 slots=1\nn2 slots=1\n")
     environ = {"HF_TOKEN": "hf_secret_value"}
-    with prepare_launch({"hostfile": str(hostfile)}, "train.py", [], environ=environ,
-                        secrets_dir=str(tmp_path)) as plan:  # fmt: skip
+    with prepare_launch(
+        {"hostfile": str(hostfile)}, "train.py", [], environ=environ, launch_dir=str(tmp_path)
+    ) as plan:
         i = plan.argv.index("--venv_script")
         assert plan.argv[i + 1] == plan.secrets_file
     launcher = {"launcher": "openmpi", "hostfile": str(hostfile)}
-    with prepare_launch(launcher, "train.py", [], environ=environ,
-                        secrets_dir=str(tmp_path)) as plan:  # fmt: skip
+    with prepare_launch(
+        launcher, "train.py", [], environ=environ, launch_dir=str(tmp_path)
+    ) as plan:
         assert f"-x {SECRETS_FILE_VAR}" in plan.argv[plan.argv.index("--launcher_args") + 1]
 
 
@@ -164,3 +177,19 @@ def test_secret_in_a_deepspeed_env_file_is_refused(tmp_path, monkeypatch):
     (home / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n")
     with prepare_launch({"hostfile": str(hostfile)}, "train.py", [], environ=environ) as plan:
         assert plan.secrets_file is None
+
+
+def test_staged_secrets_are_removed_when_the_launch_is_refused(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=1\nn2 slots=1\n")
+    launch_dir = tmp_path / "launch"
+    with pytest.raises(LauncherError, match="pdsh passes arguments through a remote shell"):
+        with prepare_launch(
+            {"hostfile": str(hostfile)},
+            "train.py",
+            ['{"a": 1}'],
+            environ={"HF_TOKEN": "hf_secret"},
+            launch_dir=str(launch_dir),
+        ):
+            pass
+    assert list(launch_dir.iterdir()) == []
