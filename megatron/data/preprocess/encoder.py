@@ -85,11 +85,11 @@ class DocumentEncoder:
     """Encodes chunks with one tokenizer; `append_eod` is dropped when the tokenizer already
     ends every text with EOD (never two separators)."""
 
-    def __init__(self, options: EncodeOptions):
+    def __init__(self, options: EncodeOptions, tokenizer=None):
         # One core per worker: --workers sets the parallelism, not the tokenizer's threads.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.options = options
-        self.tokenizer = options.tokenizer.build()
+        self.tokenizer = tokenizer if tokenizer is not None else options.tokenizer.build()
         self.dtype = np.dtype(options.dtype)
         self.eod = self.tokenizer.eod
         self.append_eod = options.append_eod and not self.tokenizer.adds_eod

@@ -63,10 +63,11 @@ class PreprocessSummary:
         return sum(self.tokens.values())
 
 
-def _ordered_map(options: EncodeOptions, chunks, workers: int):
-    """Encoded chunks in input order, in-process for one worker, else over a process pool."""
+def _ordered_map(options: EncodeOptions, chunks, workers: int, tokenizer):
+    """Encoded chunks in input order, in-process for one worker (reusing `tokenizer`), else
+    over a process pool whose workers build their own."""
     if workers <= 1:
-        encoder = DocumentEncoder(options)
+        encoder = DocumentEncoder(options, tokenizer)
         for chunk in chunks:
             yield encoder.encode(chunk)
         return
@@ -116,7 +117,8 @@ def preprocess(opts: PreprocessOptions, log=None) -> PreprocessSummary:
         writers = {
             k: stack.enter_context(IndexedDatasetWriter(p, dtype)) for k, p in outputs.items()
         }
-        for result in _ordered_map(options, iter_chunks(files, opts.chunk_bytes), opts.workers):
+        chunks = iter_chunks(files, opts.chunk_bytes)
+        for result in _ordered_map(options, chunks, opts.workers, tokenizer):
             for key, writer in writers.items():
                 writer.add_documents(result.tokens[key], result.sizes[key])
                 summary.documents[key] += len(result.sizes[key])

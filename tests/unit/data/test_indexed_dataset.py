@@ -31,6 +31,9 @@ def test_idx_layout_field_by_field(tmp_path):
     assert struct.unpack("<3q", raw[70:94]) == (0, 1, 3)  # doc_idx
     assert len(raw) == 94
     assert (tmp_path / "d.bin").read_bytes() == np.array([5, 6, 7, 1, 2, 3], "<u2").tobytes()
+    ds = MMapIndexedDataset(prefix)
+    assert (len(ds), ds.num_docs) == (3, 2)
+    assert ds.document(1).tolist() == [1, 2, 3] and ds.document(0).tolist() == [5, 6, 7]
 
 
 def test_int32_layout_and_dtype_choice(tmp_path):

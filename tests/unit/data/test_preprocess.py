@@ -195,3 +195,44 @@ def test_cli_progress_and_exit_codes(tmp_path, sample_paragraphs, capsys):
     argv[argv.index("--vocab-file") + 1] = str(tmp_path / "nope.json")
     assert main(argv) == 1
     assert "vocab_file" in capsys.readouterr().err
+
+
+def test_killed_run_leaves_no_pair_that_looks_whole(tmp_path):
+    """SIGKILL mid-run (input still streaming from a pipe): only temporary names exist."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    fifo = tmp_path / "stream.jsonl"
+    os.mkfifo(fifo)
+    tool = Path(__file__).resolve().parents[3] / "tools" / "preprocess_data.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(tool), "--input", str(fifo), "--output-prefix", str(tmp_path / "o"),
+         "--tokenizer-type", "CharLevelTokenizer", "--append-eod"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # open the pipe once the tool reads it (non-blocking: it may have died)
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "tool did not start"
+                time.sleep(0.05)
+        os.write(fd, b'{"text": "some streamed document"}\n' * 100)
+        while not list(tmp_path.glob("o_text_document.bin.tmp-*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "tool did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        os.close(fd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    names = [p.name for p in tmp_path.iterdir()]
+    assert "o_text_document.bin" not in names and "o_text_document.idx" not in names
+    assert any(".tmp-" in n for n in names)
