@@ -8,14 +8,18 @@ the `ParallelTopology` as `mpu`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from megatron.training.grad_norm import clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
 from megatron.training.optim import OneBitAdam
 from megatron.training.optimizers import build_optimizer_from_config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,11 +32,23 @@ class EngineParts:
 
 
 def exported_deepspeed_config(cfg) -> dict:
-    """`megatron.config.deepspeed_config(cfg)` without an `optimizer` section (ours)."""
+    """`megatron.config.deepspeed_config(cfg)` without an `optimizer` section (ours).
+
+    DeepSpeed 0.19 accumulates bf16 gradients in fp32 only through its ZeRO-1 bf16 optimizer
+    and rejects `grad_accum_dtype: fp32` with ZeRO 0; the exported default is then dropped
+    (accumulation in bf16, with a warning) unless the config set `data_types` itself.
+    """
     from megatron.config import deepspeed_config
 
     ds = deepspeed_config(cfg)
     ds.pop("optimizer", None)
+    automatic = cfg.deepspeed.data_types is None and "data_types" in ds
+    if automatic and "bf16" in ds and cfg.parallel.zero_stage == 0:
+        del ds["data_types"]
+        log.warning(
+            "bf16 with the pipeline engine and ZeRO stage 0: DeepSpeed accumulates gradients "
+            "in bf16 here; use zero_optimization: {stage: 1} for fp32 accumulation"
+        )
     return ds
 
 
@@ -58,24 +74,21 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     )
     if isinstance(optimizer, OneBitAdam):
         optimizer.attach_engine(engine, topology.dp_group)
-    record_fp32_grad_norm(engine)
+    use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)
 
 
-def record_fp32_grad_norm(engine) -> None:
-    """Keep the gradient norm DeepSpeed computes when clipping fp32 gradients without ZeRO.
+def use_global_norm_clipping(engine, topology) -> None:
+    """Clip fp32 gradients without ZeRO by the true global norm, and keep that norm.
 
-    DeepSpeed's fp16/bf16/ZeRO optimizers report their norm through
-    `get_global_grad_norm()`; its plain fp32 path clips and throws the norm away. This wraps
-    that one method of this engine to store it (same arithmetic, same result).
+    DeepSpeed's own fp32 clipping neither sums the norm over pipeline stages nor reports it
+    (see `grad_norm.py`); its fp16/bf16/ZeRO optimizers do both and are left alone. This
+    replaces that one method of this engine.
     """
-    from deepspeed.runtime.utils import clip_grad_norm_
 
     def clip_and_record():
-        engine._global_grad_norm = clip_grad_norm_(
-            parameters=engine.module.parameters(),
-            max_norm=engine.gradient_clipping(),
-            mpu=engine.mpu,
+        engine._global_grad_norm = clip_by_global_norm(
+            engine.module.parameters(), engine.gradient_clipping(), topology
         )
 
     engine.clip_fp32_gradients = clip_and_record

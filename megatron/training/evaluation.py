@@ -42,6 +42,7 @@ class Evaluator:
         self.interval = interval
         self.eval_iters = eval_iters
         self.loggers = loggers
+        self.last: EvalResult | None = None
 
     def due(self, iteration: int) -> bool:
         return bool(self.valid is not None and self.interval and iteration % self.interval == 0)
@@ -53,4 +54,6 @@ class Evaluator:
             return None
         result = evaluate(self.steps, batches, self.eval_iters)
         self.loggers.log_eval(result.record(iteration, split))
+        if split == "valid":
+            self.last = result
         return result

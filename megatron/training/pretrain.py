@@ -208,7 +208,8 @@ def pretrain(cfg) -> TrainResult:
     result = TrainResult(state.iteration, loop.losses, stopped=stopped)
     if not stopped:
         if not evaluator.due(state.iteration):
-            result.valid = evaluator.run(state.iteration)
+            evaluator.run(state.iteration)
+        result.valid = evaluator.last
         if t.do_test:
             result.test = evaluator.run(state.iteration, "test", make_batches(test_ds, 0))
     loggers.close()

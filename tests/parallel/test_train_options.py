@@ -1,0 +1,95 @@
+"""`pretrain` options on one or two gloo ranks: every optimizer and LR schedule trains a few
+steps, bf16 trains, keep_last_n_checkpoints prunes, finetune / no_load_optim load what they
+should, train_epochs sets the length, and metrics.jsonl holds one record per log interval."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from megatron.data import train_samples_per_epoch
+from megatron.training.checkpointing import list_checkpoints, read_latest
+from tests.distributed import run_distributed
+from tests.unit.training.tiny_run import resolve, tiny_settings
+
+pytestmark = pytest.mark.slow
+
+OPTIMIZERS = {
+    "Adam": {"lr": 2.0e-3},
+    "AdamW": {"lr": 2.0e-3},
+    "CPU_Adam": {"lr": 2.0e-3},
+    "CPU_torch_adam": {"lr": 2.0e-3},
+    "OneBitAdam": {"lr": 2.0e-3, "freeze_step": 2},
+    "Lion": {"lr": 3.0e-4},
+    "SGD": {"lr": 0.3, "momentum": 0.9},
+    "SM3": {"lr": 0.1},
+    "madgrad_wd": {"lr": 1.0e-2},
+}
+SCHEDULES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt", "wsd")
+
+
+def _pretrain_all(rank, world_size, runs):
+    from megatron.training import pretrain
+
+    out = []
+    for settings in runs:
+        result = pretrain(resolve(settings, world_size))
+        out.append({"losses": result.losses, "iteration": result.iteration})
+    return out
+
+
+def _quick(folder, **changes):
+    base = dict(train_iters=4, eval_interval=0, do_test=False, save=None, load=None)
+    return tiny_settings(folder, **{**base, **changes})
+
+
+def test_every_optimizer_and_schedule_trains(tmp_path):
+    runs = [
+        _quick(tmp_path / name, optimizer={"type": name, "params": params})
+        for name, params in OPTIMIZERS.items()
+    ]
+    runs += [_quick(tmp_path / s, lr_decay_style=s) for s in SCHEDULES]
+    runs.append(_quick(tmp_path / "bf16", precision="bfloat16"))
+    runs.append(
+        _quick(tmp_path / "bf16_zero1", precision="bfloat16", zero_optimization={"stage": 1})
+    )
+    runs.append(_quick(tmp_path / "bf16_plain", precision="bfloat16", pipe_parallel_size=0))
+    results = run_distributed(_pretrain_all, 2, runs)[0]
+    names = list(OPTIMIZERS) + list(SCHEDULES) + ["bf16", "bf16_zero1", "bf16_plain"]
+    for name, result in zip(names, results):
+        losses = result["losses"]
+        assert len(losses) == 4 and all(math.isfinite(x) for x in losses), name
+        assert losses[-1] < losses[0], (name, losses)
+
+
+def test_keep_last_n_finetune_no_load_optim_epochs_and_metrics(tmp_path):
+    keep = tiny_settings(tmp_path / "keep", train_iters=5, checkpoint_factor=1,
+                         keep_last_n_checkpoints=2, eval_interval=0)  # fmt: skip
+    finetune = tiny_settings(tmp_path / "finetune", load=str(tmp_path / "keep" / "ckpt"),
+                             finetune=True, train_iters=2, eval_interval=0)  # fmt: skip
+    no_optim = tiny_settings(tmp_path / "no_optim", load=str(tmp_path / "keep" / "ckpt"),
+                             no_load_optim=True, train_iters=7, eval_interval=0,
+                             override_lr_scheduler=True)  # fmt: skip
+    # a small training split: about 2 documents
+    epochs = _quick(tmp_path / "epochs", train_iters=None, train_epochs=1, split="5,90,5",
+                    train_micro_batch_size_per_gpu=16)  # fmt: skip
+    results = run_distributed(_pretrain_all, 2, [keep, finetune, no_optim, epochs])[0]
+    saved = tmp_path / "keep" / "ckpt"
+    assert [it for it, _ in list_checkpoints(saved)] == [4, 5]
+    assert read_latest(saved) == "global_step5"
+    # finetune: weights only, counting from 0; its loss starts where the trained model is
+    assert results[1]["iteration"] == 2
+    assert results[1]["losses"][0] < results[0]["losses"][0] - 0.3
+    # no_load_optim: position and schedule resume at 5, optimizer state starts fresh
+    assert results[2]["iteration"] == 7 and len(results[2]["losses"]) == 2
+    # one epoch: all training samples at 64 per step
+    per_epoch = train_samples_per_epoch(resolve(epochs, 2))
+    assert per_epoch > 64 and results[3]["iteration"] == math.ceil(per_epoch / 64)
+    records = [json.loads(x) for x in Path(tmp_path / "keep/logs/metrics.jsonl").open()]
+    train = [r for r in records if "split" not in r]
+    assert [r["iteration"] for r in train] == [1, 2, 3, 4, 5]
+    assert [r["loss"] for r in train] == pytest.approx(results[0]["losses"])
+    assert all(r["grad_norm"] > 0 and r["tokens_per_sec"] > 0 for r in train)
