@@ -33,23 +33,21 @@ def blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
     return index_helpers().build_blending_indices(np.asarray(weights, np.float64), size)
 
 
-def samples_per_dataset(weights, size: int) -> list[int]:
-    """How many samples each dataset supplies to a blend of `size` samples."""
-    dataset_index, _ = blending_indices(weights, size)
-    return np.bincount(dataset_index, minlength=len(weights)).tolist()
-
-
 class BlendableDataset:
     """`size` samples drawn from `datasets` so that after any n samples dataset d has supplied
     weights[d] * n of them, within one. Each dataset is read in its own (shuffled) order."""
 
-    def __init__(self, datasets, weights, size: int):
+    def __init__(self, datasets, weights, size: int, indices=None):
+        """`indices`: the (dataset_index, dataset_sample_index) pair of `blending_indices`,
+        when the caller computed it already (to size the datasets)."""
         if len(datasets) != len(weights):
             raise ValueError(f"{len(datasets)} datasets but {len(weights)} weights")
         self.datasets = list(datasets)
         self.weights = normalize_weights(weights)
         self.size = int(size)
-        self.dataset_index, self.dataset_sample_index = blending_indices(self.weights, self.size)
+        if indices is None:
+            indices = blending_indices(self.weights, self.size)
+        self.dataset_index, self.dataset_sample_index = indices
         needed = np.bincount(self.dataset_index, minlength=len(self.datasets))
         for dataset, n in zip(self.datasets, needed):
             if len(dataset) < n:

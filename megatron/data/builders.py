@@ -15,8 +15,8 @@ import numpy as np
 
 from megatron.data.blendable_dataset import (
     BlendableDataset,
+    blending_indices,
     normalize_weights,
-    samples_per_dataset,
     weights_by_num_docs,
 )
 from megatron.data.gpt_dataset import GPTDataset
@@ -140,14 +140,17 @@ def _build_explicit(name: str, num_samples: int, settings: DataSettings):
             f"{len(prefixes)}"
         )
     weights = normalize_weights(weights, f"{name}_data_weights")
-    counts = samples_per_dataset(weights, num_samples) if len(prefixes) > 1 else [num_samples]
+    indices, counts = None, [num_samples]
+    if len(prefixes) > 1:  # size each dataset by what the blend will draw from it
+        indices = blending_indices(weights, num_samples)
+        counts = np.bincount(indices[0], minlength=len(prefixes)).tolist()
     datasets = [
         _gpt(name, ds, np.arange(len(ds), dtype=np.int32), n, settings, label, prefix)
         for ds, label, n, prefix in zip(indexed, label_sets, counts, prefixes)
     ]
     if len(datasets) == 1:
         return datasets[0]
-    return BlendableDataset(datasets, weights, num_samples)
+    return BlendableDataset(datasets, weights, num_samples, indices)
 
 
 def _build_from_split(num_samples: list[int], settings: DataSettings):
