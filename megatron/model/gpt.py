@@ -12,6 +12,9 @@ Both are built in fp32 on the CPU (the pipeline module then moves itself to the 
 DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group,
 `args` (the `ModelArgs`) and, with tensor parallelism, hooks summing the gradients of
 sequence-parallel/partial replicated parameters over the tensor-parallel group.
+
+With `sequence_parallel` and more than one stage, DeepSpeed's config must carry
+`"pipeline": PIPELINE_SP_CONFIG` (`pipeline_config_for(args)` says what a model needs).
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ One spawn of 4 gloo ranks at tp=2, dp=2 (`deepspeed.initialize(mpu=topology)`):
 - ZeRO 0, Pythia-style toy with sequence parallelism: the loss and the gradients the optimizer
   receives (gathered over tp) equal the single-process model's within 1e-5 relative;
 - ZeRO 2, Llama-style toy (GQA): one SGD step gives the single-process weights;
-- the real parameter count summed over the tensor-parallel shards equals `count_parameters`.
+- the real parameter count summed over the tensor-parallel shards equals `count_parameters`;
+- dropout at tp=2 (seeded by `model_parallel_seed`): the replicated activations stay identical
+  on both tensor-parallel ranks, and activation checkpointing replays the masks exactly (same
+  loss and gradients as without it).
 """
 
 from __future__ import annotations
@@ -14,8 +17,14 @@ import dataclasses
 
 import torch
 
-from megatron.model import build_gpt, count_model_parameters, count_parameters, full_state_dict
-from megatron.parallel import ParallelTopology, is_tensor_parallel
+from megatron.model import (
+    build_gpt,
+    count_model_parameters,
+    count_parameters,
+    full_state_dict,
+    layer_index,
+)
+from megatron.parallel import ParallelTopology, is_tensor_parallel, model_parallel_seed
 from megatron.parallel.comm import all_gather_along
 from tests.distributed import run_distributed
 from tests.unit.model.tiny import (
@@ -84,10 +93,35 @@ def engine_step(args, batches, zero_stage):
     )
 
 
+def check_dropout_at_tp2():
+    """Asserts on each rank: tp-consistent dropout, exact replay under checkpointing."""
+    topo = ParallelTopology(tp_size=2, pp_size=0)
+    args = neox_args(hidden_dropout=0.3, attention_dropout=0.3)
+    ((inputs, labels),) = micro_batches(args, 1)
+    runs = []
+    for checkpoint in (False, True):
+        model = build_gpt(dataclasses.replace(args, checkpoint_activations=checkpoint), topo)
+        final_norm = model.get_submodule(str(layer_index(args, "final_norm")))
+        captured = []
+        final_norm.register_forward_hook(lambda m, i, out, seen=captured: seen.append(out.detach()))
+        model_parallel_seed(7, topo)
+        loss = model.loss_fn(model(*inputs), labels)
+        loss.backward()
+        runs.append((loss.detach(), full_state_dict(model, topo.tp_group, grads=True)))
+        # The final hidden state is replicated over tp: both ranks must hold the same one.
+        copies = all_gather_along(captured[0].unsqueeze(0), 0, topo.tp_group)
+        assert torch.equal(copies[0], copies[1]), "dropout diverged across tensor-parallel ranks"
+    (loss, grads), (ckpt_loss, ckpt_grads) = runs
+    assert torch.equal(loss, ckpt_loss), "checkpointing changed the loss under dropout"
+    for name, grad in grads.items():
+        assert torch.equal(grad, ckpt_grads[name]), f"checkpointing changed the grad of {name}"
+
+
 def _worker(rank, world_size, runs):
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
+    check_dropout_at_tp2()
     return [engine_step(*run) for run in runs]
 
 
