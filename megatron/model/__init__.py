@@ -21,6 +21,7 @@ from megatron.model.counting import (
     count_model_parameters,
     count_parameters,
     layer_parameters,
+    owned_parameters,
     parameter_breakdown,
 )
 from megatron.model.gpt import (
@@ -58,6 +59,7 @@ __all__ = [
     "load_full_state_dict",
     "loss_fn",
     "name_map",
+    "owned_parameters",
     "parameter_breakdown",
     "pipeline_config_for",
     "split_qkv",

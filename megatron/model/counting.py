@@ -64,23 +64,32 @@ def count_parameters(cfg) -> int:
     return sum(parameter_breakdown(args).values())
 
 
+def owned_parameters(model: torch.nn.Module, topology=None) -> list[torch.nn.Parameter]:
+    """The parameters whose elements this rank counts in model-wide sums (counts, norms).
+
+    Summing a per-parameter quantity over these, then over the tensor and pipeline groups,
+    counts every element of the model once: a tensor-parallel shard counts on its rank, a
+    replicated parameter on tensor-parallel rank 0 only, and a tied copy on a later pipeline
+    stage (DeepSpeed's `ds_pipe_replicated`) not at all. (DeepSpeed's own fp32 gradient
+    clipping in the pipeline engine does not follow this rule for pp > 1.)
+    """
+    tp_rank = topology.tp_rank if topology is not None else 0
+    return [
+        p
+        for p in model.parameters()
+        if not getattr(p, "ds_pipe_replicated", False) and (is_tensor_parallel(p) or tp_rank == 0)
+    ]
+
+
 def count_model_parameters(model: torch.nn.Module, topology=None) -> int:
     """Unique parameters of the whole model, summed over tensor and pipeline ranks.
 
-    Collective over the model-parallel ranks (call it on every rank). A tensor-parallel shard
-    counts its own elements; a replicated parameter counts on tensor-parallel rank 0 only; a
-    tied copy on a later pipeline stage (DeepSpeed's `ds_pipe_replicated`) is not counted.
+    Collective over the model-parallel ranks (call it on every rank); see `owned_parameters`.
     Data-parallel replicas are not summed.
     """
+    local = sum(p.numel() for p in owned_parameters(model, topology))
     if topology is None:
-        return sum(p.numel() for p in model.parameters())
-    tp_rank = topology.tp_rank
-    local = 0
-    for p in model.parameters():
-        if getattr(p, "ds_pipe_replicated", False):
-            continue
-        if is_tensor_parallel(p) or tp_rank == 0:
-            local += p.numel()
+        return local
     groups = [g for g in (topology.tp_group, topology.pp_group) if group_size(g) > 1]
     if not groups:
         return local

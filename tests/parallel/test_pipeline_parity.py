@@ -19,7 +19,8 @@ Construction alone (4 stages) checks that `pipe_partition_method` reaches DeepSp
 transformer layer per stage with `type:transformer`, two layers with `uniform`.
 
 Every layout also counts the parameters it built across tp x pp ranks (tied copy once): the
-count equals `count_parameters`.
+count equals `count_parameters`; and the global gradient norm summed over `owned_parameters`
+equals the single-process one (DeepSpeed's own fp32 clipping norm does not, for pp > 1).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from megatron.model import (
     count_model_parameters,
     count_parameters,
     full_state_dict,
+    owned_parameters,
 )
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES
 from megatron.parallel import ParallelTopology, is_tensor_parallel
@@ -106,6 +108,11 @@ def run_engine(args, topo, batches, extra_steps, ds_overrides=None):
         name: full_tensor(p, optimizer.recorded[p], topo.tp_group)
         for name, p in model.named_parameters()
     }
+    norm_sq = sum(optimizer.recorded[p].pow(2).sum() for p in owned_parameters(model, topo))
+    norm_sq = torch.as_tensor(norm_sq, dtype=torch.float32).reshape(1)
+    for group in (topo.tp_group, topo.pp_group):
+        if group is not None:
+            torch.distributed.all_reduce(norm_sq, group=group)
     for _ in range(extra_steps):
         engine.train_batch(iter(mine))
     tied = {
@@ -122,6 +129,7 @@ def run_engine(args, topo, batches, extra_steps, ds_overrides=None):
         tied=as_numpy(tied) if keep else {},
         stage=topo.pp_rank,
         count=count_model_parameters(model, topo),
+        grad_norm=norm_sq.sqrt().item(),
         # transformer-layer forwards per micro-batch and layer (2 when recomputed)
         forwards_per_layer=len(calls) / max(1, len(hooks) * gas),
         sequence_parallel_params=sum(
@@ -164,6 +172,9 @@ def check_layout(per_rank, args, batches):
         assert abs(result["eval_loss"] - ref_loss) <= 1e-5 * abs(ref_loss), "eval_batch loss"
         assert abs(result["train_loss"] - ref_loss) <= 1e-5 * abs(ref_loss), "train_batch loss"
     assert all(r["count"] == count_parameters(args) for r in per_rank), "parameter count"
+    ref_norm = torch.cat([g.flatten() for g in ref_grads.values()]).norm().item()
+    for result in per_rank:  # the global norm over `owned_parameters` (what clipping needs)
+        assert abs(result["grad_norm"] - ref_norm) <= 1e-5 * ref_norm, "gradient norm"
     recomputed = 2.0 if args.checkpoint_activations else 1.0
     assert all(r["forwards_per_layer"] == recomputed for r in per_rank), "checkpointing"
     if args.sequence_parallel:
