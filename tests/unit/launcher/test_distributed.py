@@ -32,7 +32,8 @@ def test_init_distributed_without_environment_says_what_to_call(monkeypatch):
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # init_distributed would set it for good
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # init_distributed would set it for good
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     from megatron.launcher import init_distributed
