@@ -175,8 +175,10 @@ def planned_world_size(
 ) -> int:
     """The number of worker processes `launcher` will start (for the config's world size).
 
-    Pass `environ=os.environ` from deepy.py so a SLURM allocation is taken into account.
+    `environ` (default `os.environ`, as for `prepare_launch`) is where a multi-node SLURM
+    allocation is looked up for `launcher: slurm` without a hostfile.
     """
+    environ = os.environ if environ is None else environ
     return plan_resources(launcher, device_count=device_count, environ=environ).world_size
 
 
