@@ -46,3 +46,9 @@ class LauncherConfig:
 
     account: str | None = None
     """SLURM account passed to srun."""
+
+    no_ssh_check: bool = False
+    """Skip the runner's ssh reachability check of the hosts."""
+
+    launcher_args: str | None = None
+    """Extra arguments for pdsh/srun/mpirun, passed through the runner's `--launcher_args`."""

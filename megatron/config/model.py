@@ -74,10 +74,12 @@ class ModelConfig:
     """MLP activation; the gated variants (geglu, swiglu, reglu) use two input projections."""
 
     intermediate_size: int | None = None
-    """MLP inner size; default 4 × hidden (scaled by 2/3 for gated activations)."""
+    """MLP size as GPT-NeoX defines it (default 4 × hidden). Gated activations (geglu, swiglu,
+    reglu) use 2/3 of it for their two input projections: each branch is `int(2/3 × size) // 2`
+    wide, so GPT-NeoX's Llama-7B value 32768 gives Llama's 11008."""
 
     mlp_multiple_of: int = 1
-    """Round the default MLP inner size up to a multiple of this (Llama uses 256)."""
+    """Round the MLP inner width up to a multiple of this (Llama uses 256)."""
 
     init_method: InitMethod = "normal"
     """Initialisation of the input projections and embeddings."""

@@ -175,7 +175,6 @@ UNIMPLEMENTED = frozenset(
         # runner
         "detect_nvlink_pairs",
         "autotuning_run",
-        "no_ssh_check",
         "scheduler",
         "sparse_attention",
         "activation_checkpointing",

@@ -5,10 +5,12 @@
 communication is the row-parallel layer's all-reduce (or reduce-scatter under sequence
 parallelism). The class is chosen by the activation's `gated` flag.
 
-Inner size (`mlp_inner_size`): `intermediate_size` when set, else `4 * hidden`, scaled by 2/3
-for gated activations (same parameter count as the plain MLP), rounded up to a multiple of
-`mlp_multiple_of`. For gated MLPs it is the width after gating (Hugging Face's
-`intermediate_size`).
+Inner size (`mlp_inner_size`), as GPT-NeoX computes it so its config files build the same
+model: start from `intermediate_size` (default `4 * hidden`); a gated activation takes 2/3 of
+that for its two input projections together, so each branch is `int(2/3 * size) // 2` wide;
+the width is rounded up to a multiple of `mlp_multiple_of`. GPT-NeoX's Llama-7B config
+(`intermediate_size: 32768`, `mlp_multiple_of: 256`) thus gives Llama's 11008, which is also
+the Hugging Face `intermediate_size` of the converted model.
 """
 
 from __future__ import annotations
@@ -23,12 +25,10 @@ from megatron.parallel import ColumnParallelLinear, RowParallelLinear
 
 
 def mlp_inner_size(args: ModelArgs) -> int:
-    """The MLP's inner width (see the module docstring)."""
-    if args.intermediate_size:
-        return args.intermediate_size
-    ffn = 4 * args.hidden_size
+    """The MLP's inner width per branch (see the module docstring)."""
+    ffn = args.intermediate_size or 4 * args.hidden_size
     if build_activation(args.activation).gated:
-        ffn = int(2 * ffn / 3)
+        ffn = int(2 * ffn / 3) // 2
     multiple = max(1, args.mlp_multiple_of)
     return multiple * ((ffn + multiple - 1) // multiple)
 
