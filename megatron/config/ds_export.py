@@ -13,6 +13,11 @@ from megatron.config.schema import ConfigError
 # the trainer and handed to `deepspeed.initialize`.
 DEEPSPEED_BUILT_OPTIMIZERS = {"OneBitAdam": "OneBitAdam"}
 
+# With sequence parallelism and several pipeline stages, the activations passed between stages
+# are already split along the sequence over tensor-parallel ranks: DeepSpeed must not split
+# (and later reassemble) them again as if they were replicated.
+PIPELINE_SP_SECTION = {"pipe_partitioned": False, "grad_partitioned": False}
+
 
 def deepspeed_config(cfg: Config) -> dict[str, Any]:
     """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args."""
@@ -34,6 +39,8 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         if p.pipe_parallel_size >= 1 and cfg.deepspeed.data_types is None:
             # The pipeline engine accumulates micro-batch gradients; do it in fp32.
             ds["data_types"] = {"grad_accum_dtype": "fp32"}
+    if p.sequence_parallel and p.pipe_parallel_size > 1:
+        ds["pipeline"] = dict(PIPELINE_SP_SECTION)
     if pr.fp32_allreduce:
         ds["fp32_allreduce"] = True
     if o.optimizer_type in DEEPSPEED_BUILT_OPTIMIZERS:

@@ -26,6 +26,7 @@ import torch
 from deepspeed.pipe import PipelineModule, TiedLayerSpec
 from torch import nn
 
+from megatron.config.ds_export import PIPELINE_SP_SECTION
 from megatron.model.args import ModelArgs
 from megatron.model.loss import bound_loss_fn
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES, gpt_layer_specs
@@ -34,11 +35,9 @@ from megatron.parallel.comm import group_size
 
 PARTITION_METHODS = ("parameters", "uniform", "type:")
 
-PIPELINE_SP_CONFIG = {"pipe_partitioned": False, "grad_partitioned": False}
-"""DeepSpeed `pipeline` config section required with sequence parallelism and
-pipe_parallel_size > 1: the activations passed between stages are then already split along the
-sequence over tensor-parallel ranks, and DeepSpeed's default partitioning (which assumes they
-are replicated over tp) would reassemble them wrongly. `pipeline_config_for(args)` returns it."""
+PIPELINE_SP_CONFIG = PIPELINE_SP_SECTION
+"""DeepSpeed `pipeline` section required with sequence parallelism and pipe_parallel_size > 1
+(`megatron.config.deepspeed_config` exports it; see PIPELINE_SP_SECTION there)."""
 
 
 def pipeline_config_for(args: ModelArgs) -> dict:

@@ -187,3 +187,14 @@ def test_renamed_and_unimplemented_keys_warn_and_map(write):
 def test_old_and_new_name_together_is_an_error(write):
     with pytest.raises(ConfigError, match="save_interval"):
         _load(write, "save_interval: 50\ncheckpoint_factor: 10\n")
+
+
+def test_sequence_parallel_pipeline_keeps_activations_unsplit(write):
+    text = "sequence_parallel: true\npipe_parallel_size: 2\nmodel_parallel_size: 2\n"
+    cfg = _load(write, text, world_size=4)
+    assert deepspeed_config(cfg)["pipeline"] == {
+        "pipe_partitioned": False,
+        "grad_partitioned": False,
+    }
+    plain = _load(write, "sequence_parallel: true\npipe_parallel_size: 1\n")
+    assert "pipeline" not in deepspeed_config(plain)
