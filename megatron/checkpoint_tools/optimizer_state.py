@@ -1,0 +1,128 @@
+"""Optimizer state moved between tensor/pipeline layouts (ZeRO stage 0, torch optimizers).
+
+Without ZeRO, DeepSpeed saves each model-parallel rank's optimizer `state_dict()` in its
+`mp_rank_XX_model_states.pt`: per-parameter tensors (Adam's `exp_avg`, `exp_avg_sq`, ...)
+shaped like that rank's shard, numbered in the order of `stages.optimizer_parameter_names`.
+`read_optimizer_state` names and merges them into full tensors; `shard_optimizer_state`
+splits them for a rank of another layout, numbered for that layout's stage.
+
+Other cases keep their state in forms tied to the old layout, and `read_optimizer_state`
+returns the reason instead: ZeRO stages 1-3 (flat partitions over data-parallel ranks) and the
+fp16/bf16 optimizer wrappers (flat fp32 master groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
+from megatron.checkpoint_tools.stages import StageModule, optimizer_parameter_names, stage_bounds
+
+
+@dataclass
+class FullOptimizerState:
+    """Optimizer state by parameter name, with full (unsharded) tensors."""
+
+    per_param: dict[str, dict[str, object]] = field(default_factory=dict)
+    groups: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Hyperparameters of each parameter group by its `name` (decay, no_decay)."""
+
+
+def _zero_stage(reader) -> int:
+    return int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)
+
+
+def read_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
+    """`(state, "")`, or `(None, why it cannot be moved)`."""
+    stage_zero = _zero_stage(reader)
+    if stage_zero > 0:
+        return None, (
+            f"ZeRO stage {stage_zero} keeps it in data-parallel partitions of the old layout"
+        )
+    layout, schema = reader.layout, reader.schema
+    bounds = stage_bounds(schema, layout.stages, layout.tp)
+    full = FullOptimizerState()
+    for stage in range(layout.stages):
+        names = optimizer_parameter_names(schema, bounds, stage)
+        shards: list[dict] = []
+        for t in range(layout.tp):
+            saved = reader.mp_rank_state(stage * layout.tp + t).get("optimizer")
+            if not isinstance(saved, dict) or set(saved) != {"state", "param_groups"}:
+                return None, "it is not a plain torch optimizer state (fp16/bf16 wrapper?)"
+            numbered = [i for g in saved["param_groups"] for i in g["params"]]
+            if len(numbered) != len(names):
+                return None, (
+                    f"stage {stage} numbers {len(numbered)} parameters, the model has "
+                    f"{len(names)} there"
+                )
+            shards.append({n: saved["state"].get(i, {}) for n, i in zip(names, numbered)})
+            for group in saved["param_groups"]:
+                hyper = {k: v for k, v in group.items() if k != "params"}
+                full.groups.setdefault(str(group.get("name")), hyper)
+        for name in names:
+            if name in full.per_param:  # the tied embedding's copy on the last stage
+                continue
+            full.per_param[name] = _merge_param_state(schema, name, [s[name] for s in shards])
+    return full, ""
+
+
+def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> dict:
+    spec = schema.spec(name)
+    tp = len(states)
+    shard_shape = list(spec.shape)
+    if spec.partition_dim is not None:
+        shard_shape[spec.partition_dim] //= tp
+    merged = {}
+    for key, value in states[0].items():
+        if torch.is_tensor(value) and list(value.shape) == shard_shape:
+            merged[key] = schema.merge(name, [s[key] for s in states])
+        else:  # step counters and other scalars: the same on every rank
+            merged[key] = value
+    return merged
+
+
+def shard_optimizer_state(
+    full: FullOptimizerState,
+    schema: ModelSchema,
+    stage: int,
+    stages: int,
+    tp: int,
+    tp_rank: int,
+) -> dict:
+    """The torch optimizer `state_dict()` of one rank of the target layout (`schema` describes
+    the target model, whose padded vocabulary may differ from the source's)."""
+    from megatron.training.optimizers import param_groups
+
+    bounds = stage_bounds(schema, stages, tp)
+    module = StageModule(schema, bounds, stage)
+    names = {id(p): n for n, p in module.named_parameters()}
+    state, groups, index = {}, [], 0
+    for group in param_groups(module, 0.0):
+        hyper = full.groups.get(group["name"])
+        if hyper is None:
+            raise ValueError(f"the saved optimizer has no parameter group '{group['name']}'")
+        ids = []
+        for p in group["params"]:
+            name = names[id(p)]
+            saved = full.per_param.get(name, {})
+            state[index] = _shard_param_state(saved, schema, name, tp, tp_rank)
+            ids.append(index)
+            index += 1
+        groups.append({**hyper, "params": ids})
+    if index != len(optimizer_parameter_names(schema, bounds, stage)):
+        raise RuntimeError(f"stage {stage}: numbered {index} parameters")
+    return {"state": {i: s for i, s in state.items() if s}, "param_groups": groups}
+
+
+def _shard_param_state(state: dict, schema: ModelSchema, name: str, tp: int, tp_rank: int):
+    spec = schema.spec(name)
+    out = {}
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.dim() > 0:
+            if spec.is_vocab_table:
+                value = resize_vocab(value, spec.shape[0])
+            value = schema.shard(name, value, tp, tp_rank)
+        out[key] = value
+    return out

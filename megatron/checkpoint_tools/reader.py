@@ -1,0 +1,153 @@
+"""Read a checkpoint's full (unsharded) weights at any tp/pp layout, without a DeepSpeed engine.
+
+    reader = CheckpointReader("checkpoints")       # a save folder (its `latest`) or global_stepN
+    reader.args                                     # the ModelArgs of its saved config
+    reader.state_dict()                             # {full name: full tensor}
+    reader.state_dict(names)                        # only those (only their layers' files read)
+
+Tensor-parallel shards are merged along the dim the model's layers split (`ModelSchema`), so
+the result loads into a model of any layout with `megatron.model.load_full_state_dict`. The
+config is the `config.json` saved beside the weights unless one is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from megatron.checkpoint_tools.layout import (
+    CheckpointError,
+    CheckpointLayout,
+    layer_file,
+    mp_rank_file,
+    read_layout,
+)
+from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.model import ModelArgs
+
+
+def load_saved_config(layout: CheckpointLayout):
+    """The resolved `Config` saved in the checkpoint folder."""
+    from megatron.config import Config
+
+    path = layout.config_file
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint '{layout.folder}' has no {path.name}; give the run's config files "
+            "(--config) so the model can be described"
+        )
+    return Config.from_dict(json.loads(path.read_text()))
+
+
+def _load(path: Path, *, weights_only: bool = True) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file '{path}' is missing; the folder is incomplete")
+    # Engine-state files hold DeepSpeed's config dicts and optimizer state, not only tensors;
+    # they come from our own runs (trusted), like DeepSpeed's own loader assumes.
+    return torch.load(path, map_location="cpu", weights_only=weights_only)
+
+
+class CheckpointReader:
+    """Full weights and saved state of one checkpoint folder (see the module docstring)."""
+
+    def __init__(self, path: str | Path, cfg=None):
+        self.layout = read_layout(path)
+        self.cfg = cfg if cfg is not None else load_saved_config(self.layout)
+        self.args = ModelArgs.from_config(self.cfg)
+        self.schema = ModelSchema(self.args)
+        self._plain_modules: list[dict] | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.layout.folder
+
+    def mp_rank_state(self, mp_rank: int) -> dict:
+        """DeepSpeed's engine-state file of model-parallel rank `mp_rank` (stage * tp + t)."""
+        return _load(self.folder / mp_rank_file(mp_rank), weights_only=False)
+
+    def trainer_state(self) -> dict | None:
+        path = self.layout.trainer_state_file
+        return torch.load(path, weights_only=False) if path.is_file() else None
+
+    def _plain_shards(self) -> list[dict]:
+        if self._plain_modules is None:
+            if self.layout.zero3:
+                self._plain_modules = [self._zero3_module()]
+            else:
+                modules = [self.mp_rank_state(t).get("module") for t in range(self.layout.tp)]
+                if any(m is None for m in modules):
+                    raise CheckpointError(
+                        f"checkpoint '{self.folder}': mp_rank files hold no module weights"
+                    )
+                self._plain_modules = modules
+        return self._plain_modules
+
+    def _zero3_module(self) -> dict:
+        if self.layout.tp > 1:
+            raise CheckpointError(
+                f"checkpoint '{self.folder}' is ZeRO stage 3 with tensor parallelism "
+                f"({self.layout.tp}); its weights exist only as ZeRO partitions, which this "
+                "tool reads at tp=1 only. Resume it and save with ZeRO stage 0-2 first"
+            )
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(
+            str(self.folder.parent), tag=self.folder.name
+        )
+
+    def _layer_shards(self, layer: int) -> list[dict]:
+        """The per-tp-rank state dicts of one layer, keyed by our full names."""
+        prefix = self.schema.prefix(layer)
+        if self.layout.pipeline:
+            files = [self.folder / layer_file(layer, t) for t in range(self.layout.tp)]
+            if not files[0].is_file():
+                return []
+            return [{prefix + k: v for k, v in _load(f).items()} for f in files]
+        return [
+            {k: v for k, v in module.items() if k.startswith(prefix)}
+            for module in self._plain_shards()
+        ]
+
+    def layer_state(self, layer: int) -> dict[str, torch.Tensor]:
+        """`{full name: full tensor}` of one layer of the spec list."""
+        shards = self._layer_shards(layer)
+        expected = self.schema.layer_params(layer)
+        if expected and not shards:
+            raise CheckpointError(
+                f"checkpoint '{self.folder}' has no files for layer {layer} "
+                f"({expected[0].name}, ...); it does not match the config's model"
+            )
+        out = {}
+        for name in shards[0] if shards else ():
+            parts = [shard[name] for shard in shards]
+            out[name] = self.schema.merge(name, parts)
+        for spec in expected:
+            if spec.name not in out:
+                raise CheckpointError(
+                    f"checkpoint '{self.folder}' lacks parameter '{spec.name}'; the config "
+                    "describes a different model (check the architecture keys)"
+                )
+            if tuple(out[spec.name].shape) != spec.shape:
+                raise CheckpointError(
+                    f"parameter '{spec.name}' is {tuple(out[spec.name].shape)} in checkpoint "
+                    f"'{self.folder}' but the config gives {spec.shape}; the config does not "
+                    "describe this checkpoint"
+                )
+        return out
+
+    def state_dict(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Full tensors of every parameter (or of `names`, reading only their layers)."""
+        if names is None:
+            layers = range(self.schema.num_spec_layers)
+        else:
+            layers = sorted({self.schema.spec(n).layer for n in names})
+        out: dict[str, torch.Tensor] = {}
+        for layer in layers:
+            out.update(self.layer_state(layer))
+        if names is not None:
+            wanted = set(names)
+            out = {k: v for k, v in out.items() if k in wanted}
+        return out

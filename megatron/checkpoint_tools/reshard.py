@@ -1,0 +1,142 @@
+"""Reshard a checkpoint from one tensor/pipeline layout to another, offline.
+
+    result = reshard_checkpoint("ckpt", "ckpt_tp1", tp=1, pp=1)
+    print(result.report())
+
+Model weights always move (merged to full tensors, split for the target ranks). The optimizer
+state moves too when it is a plain torch optimizer without ZeRO (`optimizer_state.py`);
+otherwise the result says it was dropped and why, and the run resuming from it must set
+`no_load_optim: true`. Iteration, consumed samples, LR schedule and DeepSpeed's counters carry
+over, so a resumed run continues where the source stopped; the per-rank RNG states do not
+(with dropout, the masks after the resume differ from an unbroken run's).
+
+The padded vocabulary follows the target tensor-parallel size as the config system derives it
+(`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
+zero rows are added, or trailing padding rows dropped, in the vocabulary tables and their
+optimizer state.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
+from megatron.checkpoint_tools.reader import CheckpointReader
+from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
+from megatron.checkpoint_tools.stages import stage_bounds
+from megatron.checkpoint_tools.writer import write_checkpoint
+from megatron.model import ModelArgs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReshardResult:
+    folder: Path
+    source: str
+    target: str
+    optimizer: str
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> str:
+        lines = [
+            f"resharded {self.source} -> {self.target}",
+            f"  written: {self.folder}",
+            f"  optimizer state: {self.optimizer}",
+        ]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def tokenizer_vocab_size(cfg) -> int | None:
+    """The tokenizer's vocabulary size, or None when its files cannot be loaded here."""
+    from megatron.data.tokenizers import build_tokenizer
+
+    try:
+        return build_tokenizer(cfg).vocab_size
+    except Exception as err:  # noqa: BLE001 - missing files only mean "unknown"
+        log.info("tokenizer not loaded (%s); keeping the padded vocabulary size", err)
+        return None
+
+
+def target_config(cfg, tp: int, pp: int):
+    """The source config at layout (tp, pp), padded vocabulary re-derived for `tp`."""
+    from megatron.config import pad_vocab_size
+
+    vocab = tokenizer_vocab_size(cfg) or cfg.model.padded_vocab_size
+    padded = pad_vocab_size(vocab, cfg.tokenizer.make_vocab_size_divisible_by, tp)
+    dp = cfg.parallel.data_parallel_size or 1
+    return cfg.replace(
+        model_parallel_size=tp,
+        pipe_parallel_size=pp,
+        padded_vocab_size=padded,
+        world_size=dp * tp * max(1, pp),
+        data_parallel_size=dp,
+    )
+
+
+def check_layout(schema: ModelSchema, tp: int, pp: int) -> None:
+    """Raise a `ValueError` when the model cannot be laid out as (tp, pp)."""
+    if tp < 1 or pp < 0:
+        raise ValueError(
+            f"model_parallel_size must be >= 1 and pipe_parallel_size >= 0: {tp}, {pp}"
+        )
+    schema.check_tp(tp)
+    if pp > 1:
+        bounds = stage_bounds(schema, pp, tp)
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(
+                f"pipe_parallel_size {pp} leaves a pipeline stage without layers "
+                f"(stage boundaries {bounds} with pipe_partition_method "
+                f"'{schema.args.pipe_partition_method}'); use fewer stages"
+            )
+
+
+def reshard_checkpoint(
+    source: str | Path,
+    output: str | Path,
+    *,
+    tp: int,
+    pp: int,
+    optimizer: bool = True,
+    overwrite: bool = False,
+) -> ReshardResult:
+    """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp)."""
+    reader = CheckpointReader(source)
+    cfg = target_config(reader.cfg, tp, pp)
+    schema = ModelSchema(ModelArgs.from_config(cfg))
+    check_layout(schema, tp, pp)
+    notes = []
+    state = reader.state_dict()
+    for name, spec in schema.params.items():
+        if spec.is_vocab_table and state[name].shape[0] != spec.shape[0]:
+            state[name] = resize_vocab(state[name], spec.shape[0])
+    old_rows, new_rows = reader.args.vocab_size, schema.args.vocab_size
+    if old_rows != new_rows:
+        notes.append(f"padded vocabulary {old_rows} -> {new_rows} rows for tp={tp}")
+    moved, why = read_optimizer_state(reader) if optimizer else (None, "not requested")
+    engine = reader.mp_rank_state(0)
+    engine.pop("module", None)
+    engine.pop("optimizer", None)
+    trainer = reader.trainer_state()
+    iteration = reader.layout.iteration
+    if iteration is None:
+        iteration = int((trainer or {}).get("iteration", engine.get("global_steps", 0)))
+    folder = write_checkpoint(
+        output,
+        schema=schema,
+        state=state,
+        tp=tp,
+        pp=pp,
+        iteration=iteration,
+        config_dict=cfg.to_dict(),
+        optimizer=moved,
+        engine_state=engine,
+        trainer_state=trainer,
+        overwrite=overwrite,
+    )
+    notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
+    target = f"tp={tp}, pp={pp}"
+    opt_text = "resharded" if moved is not None else f"dropped: {why}; resume with no_load_optim"
+    return ReshardResult(folder, reader.layout.describe(), target, opt_text, notes)

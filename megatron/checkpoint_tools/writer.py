@@ -1,0 +1,129 @@
+"""Write full weights as a checkpoint of any tp/pp layout that `pretrain` loads (no engine).
+
+The files are those DeepSpeed's engine writes (`layout.py`), so `load` + `finetune: true`
+(weights only) or a plain resume (weights, optimizer when given, iteration and schedule from
+`trainer_state.pt`) reads them at that layout:
+
+- pipeline (`pp >= 1`): `layer_{i:02d}-model_{t:02d}-model_states.pt` for every layer and
+  tensor-parallel rank, and `mp_rank_{s * tp + t:02d}_model_states.pt` (engine state,
+  `module: None`, the optimizer state of stage `s`, rank `t`);
+- plain (`pp == 0`): `mp_rank_{t:02d}_model_states.pt` with rank `t`'s `module` state dict;
+
+then `config.json`, `trainer_state.pt`, and `{save}/latest` (atomically, last). Per-rank RNG
+states are not written: they belong to the old ranks (`pretrain` then warns and goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import deepspeed
+import torch
+
+from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
+from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
+from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.training.checkpointing import CONFIG_FILE, TRAINER_STATE, tag_for, write_latest
+
+
+def _check_state(schema: ModelSchema, state: dict) -> None:
+    missing = [name for name in schema.params if name not in state]
+    if missing:
+        raise CheckpointError(f"cannot write the checkpoint: no tensor for {missing[:4]}")
+    for name, spec in schema.params.items():
+        if tuple(state[name].shape) != spec.shape:
+            raise CheckpointError(
+                f"cannot write '{name}': tensor {tuple(state[name].shape)}, the model needs "
+                f"{spec.shape}"
+            )
+
+
+def _engine_state(engine: dict | None, iteration: int, tp: int, pp: int) -> dict:
+    """DeepSpeed's per-rank bookkeeping, carried over from `engine` (a source mp_rank file)."""
+    engine = engine or {}
+    return {
+        "buffer_names": [],
+        "param_shapes": None,
+        "frozen_param_shapes": None,
+        "shared_params": None,
+        "frozen_param_fragments": None,
+        "lr_scheduler": engine.get("lr_scheduler"),
+        "data_sampler": None,
+        "random_ltd": None,
+        "skipped_steps": engine.get("skipped_steps", 0),
+        "global_steps": iteration,
+        "global_samples": engine.get("global_samples", 0),
+        "dp_world_size": engine.get("dp_world_size", 1),
+        "mp_world_size": tp * max(1, pp),
+        "checkpoint_parallel_dimensions": {"pp_degree": max(1, pp), "tp_degree": tp},
+        "ds_config": engine.get("ds_config"),
+        "ds_version": deepspeed.__version__,
+    }
+
+
+def _prepare_folder(save_dir: Path, tag: str, overwrite: bool) -> Path:
+    folder = save_dir / tag
+    if folder.exists() and any(folder.iterdir()):
+        if not overwrite:
+            raise CheckpointError(
+                f"'{folder}' already exists; choose another output folder or overwrite it"
+            )
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_checkpoint(
+    save_dir: str | Path,
+    *,
+    schema: ModelSchema,
+    state: dict[str, torch.Tensor],
+    tp: int,
+    pp: int,
+    iteration: int,
+    config_dict: dict,
+    optimizer: FullOptimizerState | None = None,
+    engine_state: dict | None = None,
+    trainer_state: dict | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write `state` (full tensors named as the model names them) at layout (tp, pp).
+
+    `engine_state` is a source `mp_rank` file's content (scheduler, sample counts, DeepSpeed
+    config) to carry over; `trainer_state` becomes `trainer_state.pt` (default: iteration
+    only). Returns the `global_step{iteration}` folder.
+    """
+    schema.check_tp(tp)
+    _check_state(schema, state)
+    save_dir = Path(save_dir)
+    tag = tag_for(iteration)
+    folder = _prepare_folder(save_dir, tag, overwrite)
+    stages = max(1, pp)
+    if pp >= 1:
+        for layer in range(schema.num_spec_layers):
+            params = schema.layer_params(layer)
+            if not params and layer == schema.num_spec_layers - 1 and schema.args.tied_embeddings:
+                continue  # the tied head: DeepSpeed saves the embedding once, with layer 0
+            for t in range(tp):
+                shard = {s.local: schema.shard(s.name, state[s.name], tp, t) for s in params}
+                torch.save(shard, folder / layer_file(layer, t))
+    for stage in range(stages):
+        for t in range(tp):
+            ranked = _engine_state(engine_state, iteration, tp, pp)
+            ranked["module"] = None
+            if pp == 0:
+                ranked["module"] = {
+                    name: schema.shard(name, state[name], tp, t) for name in schema.params
+                }
+            ranked["optimizer"] = (
+                shard_optimizer_state(optimizer, schema, stage, stages, tp, t)
+                if optimizer is not None
+                else None
+            )
+            torch.save(ranked, folder / mp_rank_file(stage * tp + t))
+    torch.save({**(trainer_state or {}), "iteration": iteration}, folder / TRAINER_STATE)
+    (folder / CONFIG_FILE).write_text(json.dumps(config_dict, indent=1))
+    write_latest(save_dir, tag)
+    return folder
