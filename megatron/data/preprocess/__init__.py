@@ -1,7 +1,8 @@
 """Preprocessing: text files -> tokens -> `.bin/.idx` datasets (the engine of
-tools/preprocess_data.py and prepare_data.py)."""
+tools/preprocess_data.py and prepare_data.py). `main` is the command line."""
 
+from megatron.data.preprocess.cli import main
 from megatron.data.preprocess.encoder import PreprocessError
 from megatron.data.preprocess.pipeline import PreprocessOptions, PreprocessSummary, preprocess
 
-__all__ = ["PreprocessError", "PreprocessOptions", "PreprocessSummary", "preprocess"]
+__all__ = ["PreprocessError", "PreprocessOptions", "PreprocessSummary", "main", "preprocess"]
