@@ -42,6 +42,21 @@ def load_saved_config(layout: CheckpointLayout):
     return Config.from_dict(json.loads(path.read_text()))
 
 
+def config_from_files(files, overrides=()) -> object:
+    """Resolve config files for a tool: world size = their own tp x pp, vocabulary from the
+    tokenizer they name (whose files must be readable here)."""
+    from types import SimpleNamespace
+
+    from megatron.config.resolve import load_settings, resolve_settings, settings_group
+    from megatron.data.tokenizers import build_tokenizer
+
+    settings = load_settings(list(files), list(overrides))
+    par = settings_group(settings, "parallel")
+    world = par.model_parallel_size * max(1, par.pipe_parallel_size)
+    tokenizer = build_tokenizer(SimpleNamespace(tokenizer=settings_group(settings, "tokenizer")))
+    return resolve_settings(settings, world_size=world, vocab_size=tokenizer.vocab_size)
+
+
 def _load(path: Path, *, weights_only: bool = True) -> dict:
     if not path.is_file():
         raise CheckpointError(f"checkpoint file '{path}' is missing; the folder is incomplete")

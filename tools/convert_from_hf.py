@@ -1,0 +1,60 @@
+"""Convert a Hugging Face GPT-NeoX or Llama model directory into our checkpoint at any layout.
+
+    python tools/convert_from_hf.py --hf pythia-160m --output checkpoints/pythia \\
+        --model-parallel-size 2 --pipe-parallel-size 2
+    python deepy.py train.py checkpoints/pythia/hf_import.yml my_data_and_training.yml
+
+writes {output}/global_step0/ (with `latest`), the tokenizer when the directory has one, and
+{output}/hf_import.yml: the model, layout and tokenizer keys plus `load: {output}` and
+`finetune: true`, to put before the other config files of a run. --config files may add
+settings (tokenizer, ...); any model key they set must agree with the Hugging Face config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from megatron.checkpoint_tools import import_hf  # noqa: E402
+from megatron.config import ConfigError  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--hf", required=True, help="Hugging Face model directory (local)")
+    p.add_argument("--output", required=True, help="save folder to write the checkpoint into")
+    p.add_argument("--model-parallel-size", type=int, default=1, help="tensor-parallel size")
+    p.add_argument(
+        "--pipe-parallel-size",
+        type=int,
+        default=1,
+        help="pipeline stages (0: plain engine, for ZeRO 2/3)",
+    )
+    p.add_argument("--config", nargs="*", default=[], help="further config files (optional)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing global_step0")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = import_hf(
+        args.hf,
+        args.output,
+        tp=args.model_parallel_size,
+        pp=args.pipe_parallel_size,
+        config_files=args.config,
+        overwrite=args.overwrite,
+    )
+    print(result.report())
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, ValueError, KeyError, FileNotFoundError) as err:
+        print(f"convert_from_hf.py: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,91 @@
+"""Export a checkpoint (any tp/pp layout) as a Hugging Face model directory.
+
+    python tools/convert_to_hf.py --checkpoint checkpoints --output hf/my-model
+    python tools/convert_to_hf.py --checkpoint checkpoints/global_step2000 \\
+        --config configs/160M.yml local.yml --output hf/my-model --verify
+
+writes config.json, generation_config.json, safetensors weights and the tokenizer files (when
+the config's are found): GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM
+for Llama-style ones (RMSNorm). A model the target architecture cannot express is refused with
+the reason. Without --config the config saved in the checkpoint describes the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from megatron.checkpoint_tools import (  # noqa: E402
+    CheckpointReader,
+    config_from_files,
+    export_hf,
+    verify_export,
+)
+from megatron.checkpoint_tools.hf_export import ARCHITECTURES, DTYPES  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="save folder (its latest) or global_stepN")
+    p.add_argument("--config", nargs="*", default=[], help="config files (default: the saved one)")
+    p.add_argument("--output", required=True, help="Hugging Face model directory to write")
+    p.add_argument(
+        "--architecture",
+        default="auto",
+        choices=ARCHITECTURES,
+        help="auto: llama for RMSNorm models, else gpt_neox",
+    )
+    p.add_argument("--vocab-size", type=int, help="keep only this many vocabulary rows")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: as saved)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="load the result with transformers and compare logits with ours",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = config_from_files(args.config) if args.config else None
+    reader = CheckpointReader(args.checkpoint, cfg)
+    state = reader.state_dict()
+    eod = _eod(reader.cfg)
+    result = export_hf(
+        state,
+        reader.args,
+        args.output,
+        architecture=args.architecture,
+        vocab_size=args.vocab_size,
+        dtype=args.dtype,
+        tokenizer_cfg=reader.cfg.tokenizer,
+        eod=eod,
+        overwrite=args.overwrite,
+    )
+    print(f"read {reader.layout.folder} ({reader.layout.describe()})")
+    print(result.report())
+    if args.verify:
+        diff = verify_export(args.output, reader.args, state)
+        print(f"verify: max |logit difference| vs ours = {diff:.3e}")
+    return 0
+
+
+def _eod(cfg) -> int | None:
+    from megatron.data.tokenizers import build_tokenizer
+
+    try:
+        return build_tokenizer(cfg).eod
+    except Exception:  # noqa: BLE001 - the tokenizer files may not be on this machine
+        return None
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as err:
+        print(f"convert_to_hf.py: {err}", file=sys.stderr)
+        sys.exit(2)

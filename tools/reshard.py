@@ -1,0 +1,58 @@
+"""Reshard a checkpoint to another tensor/pipeline-parallel layout.
+
+    python tools/reshard.py --checkpoint checkpoints --output checkpoints_tp1 \\
+        --model-parallel-size 1 --pipe-parallel-size 1
+
+Model weights always move; the optimizer state too when the run had no ZeRO (stage 0) and a
+plain torch optimizer, otherwise the report says it was dropped (resume with
+`no_load_optim: true`). Iteration, consumed samples and the LR schedule carry over: resume
+with `load: {output}` and the new model_parallel_size / pipe_parallel_size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from megatron.checkpoint_tools import reshard_checkpoint  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="save folder (its latest) or global_stepN")
+    p.add_argument("--output", required=True, help="save folder to write the resharded one into")
+    p.add_argument("--model-parallel-size", type=int, required=True, help="target tensor parallel")
+    p.add_argument(
+        "--pipe-parallel-size",
+        type=int,
+        required=True,
+        help="target pipeline stages (0: plain engine, for ZeRO 2/3)",
+    )
+    p.add_argument("--no-optimizer", action="store_true", help="drop the optimizer state")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing global_stepN")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = reshard_checkpoint(
+        args.checkpoint,
+        args.output,
+        tp=args.model_parallel_size,
+        pp=args.pipe_parallel_size,
+        optimizer=not args.no_optimizer,
+        overwrite=args.overwrite,
+    )
+    print(result.report())
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        print(f"reshard.py: {err}", file=sys.stderr)
+        sys.exit(2)
