@@ -19,10 +19,18 @@ def _src(sources: dict[str, str], *keys: str) -> str:
     return f" ({'; '.join(found)})" if found else ""
 
 
-def pad_vocab_size(vocab_size: int, divisible_by: int, tp_size: int) -> int:
-    """Smallest multiple of `divisible_by * tp_size` that is at least `vocab_size`."""
-    multiple = max(1, divisible_by) * max(1, tp_size)
-    return ((vocab_size + multiple - 1) // multiple) * multiple
+def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp_size: int = 1) -> int:
+    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tp_size`, so the
+    embedding splits evenly over tensor-parallel ranks into GPU-friendly shapes."""
+    for name, value in (
+        ("make_vocab_size_divisible_by", make_vocab_size_divisible_by),
+        ("model_parallel_size", tp_size),
+        ("vocab_size", vocab_size),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    multiple = make_vocab_size_divisible_by * tp_size
+    return -(-vocab_size // multiple) * multiple
 
 
 def derive_parallel(cfg: Config, sources: dict[str, str], world_size: int | None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 
+from megatron.config.derive import pad_vocab_size
 from megatron.data.tokenizers.base import Tokenizer, TokenizerError
 from megatron.data.tokenizers.char import CharLevelTokenizer
 from megatron.data.tokenizers.hf import GPT2BPETokenizer, HFGPT2Tokenizer, HFTokenizer
@@ -43,20 +44,6 @@ def build_tokenizer(cfg) -> Tokenizer:
     return make_tokenizer(
         tok.tokenizer_type, getattr(tok, "vocab_file", None), getattr(tok, "merge_file", None)
     )
-
-
-def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp_size: int = 1) -> int:
-    """Round `vocab_size` up to a multiple of `make_vocab_size_divisible_by * tp_size`, so the
-    embedding splits evenly over tensor-parallel ranks into GPU-friendly shapes."""
-    for name, value in (
-        ("make_vocab_size_divisible_by", make_vocab_size_divisible_by),
-        ("model_parallel_size", tp_size),
-        ("vocab_size", vocab_size),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    multiple = make_vocab_size_divisible_by * tp_size
-    return -(-vocab_size // multiple) * multiple
 
 
 __all__ = [
