@@ -59,6 +59,12 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     from megatron.model import build_model
     from megatron.parallel import model_parallel_seed
 
+    if cfg.optimizer.optimizer_type == "OneBitAdam" and cfg.parallel.zero_stage > 0:
+        raise ValueError(
+            f"optimizer OneBitAdam cannot run with ZeRO stage {cfg.parallel.zero_stage}: it "
+            "exchanges its own compressed momentum instead of the gradients ZeRO partitions; "
+            "set zero_optimization: {stage: 0} or choose Adam"
+        )
     model = build_model(cfg, topology)
     model_parallel_seed(cfg.training.seed, topology)
     optimizer, _ = build_optimizer_from_config(cfg, model)

@@ -1,5 +1,6 @@
-"""`pretrain` on gloo ranks: ZeRO stages agree, and a run stopped at step 3 and resumed repeats
-the unbroken run bit for bit (fp32, dropout on) with tensor, pipeline and data parallelism.
+"""`pretrain` on gloo ranks: ZeRO stages (and ZeRO-2 with the optimizer offloaded) agree,
+and a run stopped at step 3 and resumed repeats the unbroken run bit for bit (fp32, dropout
+on) with tensor, pipeline and data parallelism.
 
 Each test is one `run_distributed` call that trains several tiny runs in the same processes
 (start-up is the expensive part).
@@ -40,6 +41,17 @@ def test_zero_stages_match_zero0_on_the_plain_engine(tmp_path):
         )
         for stage in (0, 1, 2, 3)
     ]
+    runs.append(  # optimizer state offloaded to the CPU, DeepSpeed's CPU Adam
+        tiny_settings(
+            tmp_path / "zero2_offload",
+            pipe_parallel_size=0,
+            zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            optimizer={"type": "CPU_Adam", "params": {"lr": 2.0e-3, "betas": [0.9, 0.95]}},
+            checkpoint_factor=None,
+            save=None,
+            load=None,
+        )
+    )
     zero0, *others = run_distributed(_pretrain_all, 2, runs)[0]
     assert len(zero0["losses"]) == 6 and zero0["losses"][-1] < zero0["losses"][0]
     for other in others:
