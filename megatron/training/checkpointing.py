@@ -171,7 +171,29 @@ class CheckpointIO:
     config_dict: dict | None = None
     keep_last_n: int | None = None
     save_rng: bool = True
+    save_optim: bool = True
     tracker: Any = None
+
+    def _engine_save(self, tag: str) -> None:
+        """DeepSpeed's save; with `save_optim` off, its optimizer states are left out (the
+        weights of ZeRO 1/2 and of the plain engine are in the module states)."""
+        engine = self.engine
+        if self.save_optim:
+            engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+            return
+        if engine.zero_optimization_partition_weights():
+            raise ValueError(
+                "no_save_optim with ZeRO stage 3 would save no weights (they live in the "
+                "partitioned optimizer files); set no_save_optim: false"
+            )
+        saved_flag, optimizer = engine.save_zero_checkpoint, engine.optimizer
+        engine.save_zero_checkpoint = False
+        optimizer.state_dict = lambda: None  # shadows the method for this one save
+        try:
+            engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+        finally:
+            engine.save_zero_checkpoint = saved_flag
+            del optimizer.state_dict
 
     def save(self, iteration: int, trainer_state: dict[str, Any]) -> Path:
         """Collective: every rank must call it with the same iteration."""
@@ -179,11 +201,12 @@ class CheckpointIO:
             raise ValueError("no checkpoint folder: set `save` to save checkpoints")
         tag, rank = tag_for(iteration), _rank()
         folder = Path(self.save_dir) / tag
-        self.engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+        self._engine_save(tag)
         if self.save_rng:
             torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
         if rank == 0:
-            torch.save({**trainer_state, "iteration": iteration}, folder / TRAINER_STATE)
+            extra = {"iteration": iteration, "optimizer_saved": self.save_optim}
+            torch.save({**trainer_state, **extra}, folder / TRAINER_STATE)
             if self.config_dict is not None:
                 (folder / CONFIG_FILE).write_text(json.dumps(self.config_dict, indent=1))
         _barrier()  # every rank's files are on disk
@@ -214,6 +237,11 @@ class CheckpointIO:
         if tag is None:
             log.info("no checkpoint under %s (no '%s' file): starting afresh", load_dir, LATEST)
             return None
+        folder = Path(load_dir) / tag
+        state = self._trainer_state(folder, required=not finetune)
+        if load_optim and not finetune and not state.get("optimizer_saved", True):
+            log.warning("%s was saved without optimizer states (no_save_optim)", folder)
+            load_optim = False
         path, _ = self.engine.load_checkpoint(
             load_dir,
             tag=tag,
@@ -228,8 +256,6 @@ class CheckpointIO:
             )
         if finetune:
             return None
-        folder = Path(load_dir) / tag
-        state = torch.load(folder / TRAINER_STATE, weights_only=False)
         rng_file = folder / f"rng_state_rank{_rank()}.pt"
         state["rng_state"] = None
         if load_rng and rng_file.is_file():
@@ -237,6 +263,18 @@ class CheckpointIO:
         elif load_rng:
             log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
         return state
+
+    @staticmethod
+    def _trainer_state(folder: Path, required: bool) -> dict[str, Any]:
+        path = folder / TRAINER_STATE
+        if path.is_file():
+            return torch.load(path, weights_only=False)
+        if required:
+            raise FileNotFoundError(
+                f"{path} is missing: {folder} is not a checkpoint of this trainer (or is "
+                "incomplete); use finetune: true to load its weights only"
+            )
+        return {}
 
     def restore_rng(self, state: dict[str, Any] | None) -> None:
         """Apply the RNG state `load` returned (nothing when there is none)."""

@@ -138,6 +138,7 @@ def pretrain(cfg) -> TrainResult:
         cfg.to_dict(),
         c.keep_last_n_checkpoints,
         save_rng=not c.no_save_rng,
+        save_optim=not c.no_save_optim,
         tracker=get_rng_tracker(),
     )
     guard = SkippedStepGuard(cfg.precision.max_consecutive_skipped_steps)

@@ -1,6 +1,7 @@
 """`pretrain` options on one or two gloo ranks: every optimizer and LR schedule trains a few
-steps, bf16 trains, keep_last_n_checkpoints prunes, finetune / no_load_optim load what they
-should, train_epochs sets the length, and metrics.jsonl holds one record per log interval."""
+steps, bf16 trains, keep_last_n_checkpoints prunes, finetune / no_load_optim / no_save_optim
+load and save what they should, train_epochs sets the length, and metrics.jsonl holds one
+record per log interval."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_every_optimizer_and_schedule_trains(tmp_path):
         assert losses[-1] < losses[0], (name, losses)
 
 
-def test_keep_last_n_finetune_no_load_optim_epochs_and_metrics(tmp_path):
+def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path):
     keep = tiny_settings(tmp_path / "keep", train_iters=5, checkpoint_factor=1,
                          keep_last_n_checkpoints=2, eval_interval=0)  # fmt: skip
     finetune = tiny_settings(tmp_path / "finetune", load=str(tmp_path / "keep" / "ckpt"),
@@ -76,7 +77,12 @@ def test_keep_last_n_finetune_no_load_optim_epochs_and_metrics(tmp_path):
     # a small training split: about 2 documents
     epochs = _quick(tmp_path / "epochs", train_iters=None, train_epochs=1, split="5,90,5",
                     train_micro_batch_size_per_gpu=16)  # fmt: skip
-    results = run_distributed(_pretrain_all, 2, [keep, finetune, no_optim, epochs])[0]
+    no_save = tiny_settings(tmp_path / "no_save", train_iters=3, no_save_optim=True,
+                            pipe_parallel_size=0, zero_optimization={"stage": 1},
+                            eval_interval=0)  # fmt: skip
+    no_save_resumed = {**no_save, "train_iters": 5, "override_lr_scheduler": True}
+    runs = [keep, finetune, no_optim, epochs, no_save, no_save_resumed]
+    results = run_distributed(_pretrain_all, 2, runs)[0]
     saved = tmp_path / "keep" / "ckpt"
     assert [it for it, _ in list_checkpoints(saved)] == [4, 5]
     assert read_latest(saved) == "global_step5"
@@ -88,6 +94,9 @@ def test_keep_last_n_finetune_no_load_optim_epochs_and_metrics(tmp_path):
     # one epoch: all training samples at 64 per step
     per_epoch = train_samples_per_epoch(resolve(epochs, 2))
     assert per_epoch > 64 and results[3]["iteration"] == math.ceil(per_epoch / 64)
+    # no_save_optim (ZeRO 1): no optimizer files; the resumed run rebuilds them from weights
+    assert not list((tmp_path / "no_save/ckpt/global_step3").glob("*optim_states.pt"))
+    assert results[5]["iteration"] == 5 and len(results[5]["losses"]) == 2
     records = [json.loads(x) for x in Path(tmp_path / "keep/logs/metrics.jsonl").open()]
     train = [r for r in records if "split" not in r]
     assert [r["iteration"] for r in train] == [1, 2, 3, 4, 5]
