@@ -1,0 +1,22 @@
+"""Worker entry point, started by `deepy.py` on every rank: decode the config bundle, generate.
+
+    python deepy.py generate.py configs/small.yml local.yml \\
+        --set text_gen_type=input-file --set sample_input_file=prompts.txt
+
+Settings are the `generation` config keys (text_gen_type, temperature, top_k, top_p,
+maximum_tokens, recompute, sample_input_file, sample_output_file, num_samples); the weights
+come from `load` (any tensor/pipeline layout).
+"""
+
+from megatron.config import config_from_argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = config_from_argv(argv)
+    from megatron.inference import generate_from_config
+
+    generate_from_config(cfg)
+
+
+if __name__ == "__main__":
+    main()

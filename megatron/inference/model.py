@@ -1,0 +1,152 @@
+"""The model for inference: built at the run's layout, weights from any checkpoint layout, and a
+forward pass across pipeline stages that returns full-vocabulary logits.
+
+    model = InferenceModel.from_config(cfg, topology)        # loads cfg.checkpointing.load
+    logits = model.forward(tokens, position_ids)              # (b, s, V) on the last stage,
+                                                              # None on the other stages
+    ids = model.broadcast_from_last_stage(ids)                # the same tensor on every rank
+                                                              # of this model replica
+
+No DeepSpeed engine is involved: the layers of this rank's stage (`forward_funcs` of the
+`PipelineModule`, or of the plain `GPTModel`) run one after the other; the activation goes to
+the next stage with `torch.distributed.send` after a small header (tuple or tensor, shape),
+because the boundary may fall after any layer. The last stage gathers the vocabulary-parallel
+logits over tensor-parallel ranks.
+
+Weights are read with `megatron.checkpoint_tools.CheckpointReader` (only this stage's layers),
+so a checkpoint saved at any tp/pp loads at any other. The model is built without sequence
+parallelism, dropout or activation checkpointing: the same weights, the eval-time function.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from megatron.checkpoint_tools import CheckpointReader
+from megatron.checkpoint_tools.schema import resize_vocab
+from megatron.model import ModelArgs, build_model, load_full_state_dict
+from megatron.parallel.comm import all_gather_along
+
+log = logging.getLogger(__name__)
+
+HEADER_LEN = 6  # is_tuple, ndim, up to 4 dims
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def inference_config(cfg):
+    """The run config with training-only behaviour switched off (same weights)."""
+    return cfg.replace(
+        sequence_parallel=False,
+        checkpoint_activations=False,
+        partition_activations=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def inference_device_and_dtype(cfg) -> tuple[torch.device, torch.dtype]:
+    """The accelerator of this rank (CPU without one) and the weights' dtype there: the run's
+    precision on a GPU, fp32 on the CPU (where half-precision matmuls are slow or missing)."""
+    from deepspeed.accelerator import get_accelerator
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), torch.float32
+    return torch.device(get_accelerator().current_device_name()), DTYPES[cfg.precision.dtype]
+
+
+class InferenceModel:
+    """This rank's stage of the model, its topology, and the stage-to-stage forward."""
+
+    def __init__(self, module: torch.nn.Module, args: ModelArgs, topology, device, dtype):
+        self.module = module.eval()
+        self.args = args
+        self.topology = topology
+        self.device = device
+        self.dtype = dtype
+        self.funcs = list(module.forward_funcs)
+
+    @classmethod
+    def from_config(cls, cfg, topology, checkpoint: str | None = None) -> InferenceModel:
+        """Build at `cfg`'s layout and load `checkpoint` (default: `cfg.checkpointing.load`)."""
+        path = checkpoint or cfg.checkpointing.load
+        if not path:
+            raise ValueError(
+                "no checkpoint to generate from: set `load` to the run's save folder (or pass "
+                "--set load=PATH to deepy.py)"
+            )
+        cfg = inference_config(cfg)
+        module = build_model(cfg, topology)
+        device, dtype = inference_device_and_dtype(cfg)
+        load_weights(module, path, topology)
+        module.to(device=device, dtype=dtype)
+        return cls(module, module.args, topology, device, dtype)
+
+    # -- stage-to-stage transfer ---------------------------------------------------------
+    def _send(self, output) -> None:
+        tensor = output[0] if isinstance(output, tuple) else output
+        header = [int(isinstance(output, tuple)), tensor.dim(), *tensor.shape]
+        header += [0] * (HEADER_LEN - len(header))
+        dst = self.topology.pp_ranks[self.topology.pp_rank + 1]
+        dist.send(torch.tensor(header, dtype=torch.long, device=self.device), dst)
+        dist.send(tensor.contiguous(), dst)
+
+    def _recv(self, position_ids: torch.Tensor):
+        src = self.topology.pp_ranks[self.topology.pp_rank - 1]
+        header = torch.empty(HEADER_LEN, dtype=torch.long, device=self.device)
+        dist.recv(header, src)
+        is_tuple, ndim, *shape = header.tolist()
+        tensor = torch.empty(shape[:ndim], dtype=self.dtype, device=self.device)
+        dist.recv(tensor, src)
+        return (tensor, position_ids) if is_tuple else tensor
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
+        """`(b, s)` tokens and positions -> logits `(b, s, V)` (padded vocabulary) on the last
+        stage, None elsewhere. Collective over this model replica (all stages, all tp)."""
+        tokens = tokens.to(self.device)
+        position_ids = position_ids.to(self.device)
+        topo = self.topology
+        x = (tokens, position_ids) if topo.is_first_stage else self._recv(position_ids)
+        for fn in self.funcs:
+            x = fn(x)
+        if not topo.is_last_stage:
+            self._send(x)
+            return None
+        return all_gather_along(x.float(), x.dim() - 1, topo.tp_group)  # (b, s, V)
+
+    def broadcast_from_last_stage(self, tensor: torch.Tensor | None, shape, dtype) -> torch.Tensor:
+        """`tensor` of the last stage's first tensor-parallel rank, on every rank of this
+        model replica (others pass None, or anything, with its `shape` and `dtype`)."""
+        topo = self.topology
+        src = topo.ds_topology.get_rank(pipe=topo.pp_size - 1, data=topo.dp_rank, model=0)
+        if topo.rank == src:
+            out = tensor.to(device=self.device, dtype=dtype).contiguous()
+        else:
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+        if topo.pp_size * topo.tp_size > 1:
+            dist.broadcast(out, src, group=topo.get_model_parallel_group())
+        return out
+
+
+def load_weights(module: torch.nn.Module, path: str, topology) -> None:
+    """Load this rank's parameters of `module` from the checkpoint at `path` (any layout)."""
+    reader = CheckpointReader(path)
+    names = [name for name, _ in module.named_parameters()]
+    state = reader.state_dict(names)
+    rows = module.args.vocab_size
+    for name in names:
+        spec = reader.schema.params[name]
+        if spec.is_vocab_table and state[name].shape[0] != rows:
+            log.warning(
+                "%s: checkpoint vocabulary %d rows, this layout pads to %d",
+                name,
+                state[name].shape[0],
+                rows,
+            )
+            state[name] = resize_vocab(state[name], rows)
+    load_full_state_dict(module, state, topology.tp_group)
+    if topology.rank == 0:
+        log.info("loaded %s (%s)", reader.folder, reader.layout.describe())
