@@ -12,6 +12,7 @@ import torch
 
 from megatron.training.checkpointing import CheckpointIO, SaveSchedule
 from megatron.training.loss_scaling import current_loss_scale
+from megatron.training.norms import parameter_norms
 
 
 class Callback:
@@ -40,11 +41,21 @@ def engine_timers(engine) -> dict[str, float]:
 class LoggingCallback(Callback):
     """A training record every `log_interval` iterations (TrainMonitor → loggers)."""
 
-    def __init__(self, monitor, loggers, log_interval: int, wall_clock_breakdown: bool = False):
+    def __init__(
+        self,
+        monitor,
+        loggers,
+        log_interval: int,
+        wall_clock_breakdown: bool = False,
+        param_norms_of=None,
+        grad_norms=None,
+    ):
         self.monitor = monitor
         self.loggers = loggers
         self.interval = max(1, log_interval)
         self.timers = wall_clock_breakdown
+        self.param_norms_of = param_norms_of  # the model, with log_param_norm
+        self.grad_norms = grad_norms  # a GradNormRecorder, with log_grad_norm
 
     def after_step(self, loop):
         self.monitor.step(loop.last_loss, loop.last_applied)
@@ -64,6 +75,10 @@ class LoggingCallback(Callback):
             loss_scale=current_loss_scale(engine),
             timers=engine_timers(engine) if self.timers else None,
         )
+        if self.param_norms_of is not None:
+            record.update(parameter_norms(self.param_norms_of))
+        if self.grad_norms is not None:
+            record.update(self.grad_norms.collect())
         self.loggers.log_train(record)
 
 

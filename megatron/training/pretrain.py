@@ -35,6 +35,7 @@ from megatron.training.initialize import initialize_distributed, seed_everything
 from megatron.training.loggers import build_loggers
 from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
 from megatron.training.monitor import TrainMonitor
+from megatron.training.norms import GradNormRecorder
 from megatron.training.report import startup_report
 from megatron.training.signals import StopRequest
 from megatron.training.steps import engine_steps
@@ -180,9 +181,15 @@ def pretrain(cfg) -> TrainResult:
     monitor = TrainMonitor(
         t.train_batch_size * cfg.model.seq_length, flops, topology.world_size, peak, train_iters
     )
+    lg = cfg.logging
     callbacks = [
         LoggingCallback(
-            monitor, loggers, cfg.logging.log_interval, cfg.logging.wall_clock_breakdown
+            monitor,
+            loggers,
+            lg.log_interval,
+            lg.wall_clock_breakdown,
+            param_norms_of=parts.model if lg.log_param_norm and rank == 0 else None,
+            grad_norms=GradNormRecorder(parts.model) if lg.log_grad_norm and rank == 0 else None,
         ),
         EvaluationCallback(evaluator),
         CheckpointCallback(io, SaveSchedule.from_config(cfg, train_iters), bool(c.save)),

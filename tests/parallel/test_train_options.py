@@ -68,7 +68,8 @@ def test_every_optimizer_and_schedule_trains(tmp_path):
 
 def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path):
     keep = tiny_settings(tmp_path / "keep", train_iters=5, checkpoint_factor=1,
-                         keep_last_n_checkpoints=2, eval_interval=0)  # fmt: skip
+                         keep_last_n_checkpoints=2, eval_interval=0, log_param_norm=True,
+                         log_grad_norm=True, wall_clock_breakdown=True)  # fmt: skip
     finetune = tiny_settings(tmp_path / "finetune", load=str(tmp_path / "keep" / "ckpt"),
                              finetune=True, train_iters=2, eval_interval=0)  # fmt: skip
     no_optim = tiny_settings(tmp_path / "no_optim", load=str(tmp_path / "keep" / "ckpt"),
@@ -102,3 +103,5 @@ def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path)
     assert [r["iteration"] for r in train] == [1, 2, 3, 4, 5]
     assert [r["loss"] for r in train] == pytest.approx(results[0]["losses"])
     assert all(r["grad_norm"] > 0 and r["tokens_per_sec"] > 0 for r in train)
+    for prefix in ("param_norm/", "grad_norm/", "time/"):  # log_*_norm, wall_clock_breakdown
+        assert any(key.startswith(prefix) for key in train[-1]), prefix
