@@ -1,0 +1,20 @@
+"""Worker entry point, started by `deepy.py` on every rank: decode the config bundle, evaluate.
+
+    python deepy.py eval.py configs/small.yml local.yml --set 'eval_tasks=[lambada_openai]'
+
+Runs the lm-eval harness tasks of `eval_tasks` on the checkpoint in `load` (any
+tensor/pipeline layout); results go to `{eval_results_prefix}_eval_results.json`.
+"""
+
+from megatron.config import config_from_argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = config_from_argv(argv)
+    from megatron.evaluation import evaluate_from_config
+
+    evaluate_from_config(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""`eval.py`'s work: load the model at the run's layout and run lm-eval tasks through it.
+
+    evaluate_from_config(cfg)       # on every rank; eval.py calls it
+
+`eval_tasks` lists lm-eval task (or group) names. An entry that is an existing folder is not a
+task but a place to look for task YAML files (lm-eval's `include_path`), e.g.
+`[tests/data/lm_eval_task, tiny_mc]` for a local task. Results (lm-eval's `results` and
+`n-samples`, plus the layout) go to `{eval_results_prefix}_eval_results.json` (or
+`eval_results.json` without a prefix), written by rank 0, and lm-eval's table is printed.
+Tasks whose data lm-eval would download need the network (or the Hugging Face datasets cache);
+local tasks load their files with `datasets` offline (`HF_DATASETS_OFFLINE=1`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def split_tasks(entries) -> tuple[list[str], list[str]]:
+    """`(task names, include folders)` from the `eval_tasks` entries."""
+    tasks, folders = [], []
+    for entry in entries or ():
+        (folders if Path(entry).is_dir() else tasks).append(str(entry))
+    if not tasks:
+        raise ValueError(
+            f"eval_tasks {list(entries or [])} names no lm-eval task; give task names "
+            "(folders in the list only add places to find task YAML files)"
+        )
+    return tasks, folders
+
+
+def results_path(prefix: str) -> Path:
+    return Path(f"{prefix}_eval_results.json" if prefix else "eval_results.json")
+
+
+def run_tasks(model, tokenizer, tasks: list[str], folders: list[str], **kwargs) -> dict:
+    """lm-eval's `simple_evaluate` with our model; the same results on every rank."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from megatron.evaluation.adapter import MegatronLM
+
+    lm = MegatronLM(model, tokenizer)
+    manager = TaskManager(include_path=folders or None)
+    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=False, **kwargs)
+
+
+def evaluate_from_config(cfg) -> dict:
+    """Set up, evaluate `cfg.generation.eval_tasks`, write the results on rank 0."""
+    from megatron.data import build_tokenizer
+    from megatron.inference import InferenceModel
+    from megatron.training.initialize import initialize_distributed, seed_everything
+
+    tasks, folders = split_tasks(cfg.generation.eval_tasks)
+    topology = initialize_distributed(cfg)
+    seed_everything(cfg.training.seed)
+    tokenizer = build_tokenizer(cfg)
+    model = InferenceModel.from_config(cfg, topology)
+    results = run_tasks(model, tokenizer, tasks, folders, random_seed=cfg.training.seed)
+    summary = {
+        "results": results["results"],
+        "n-samples": results.get("n-samples"),
+        "tasks": tasks,
+        "model_parallel_size": topology.tp_size,
+        "pipe_parallel_size": topology.pp_size,
+        "checkpoint": cfg.checkpointing.load,
+    }
+    if topology.rank == 0:
+        from lm_eval.utils import make_table
+
+        path = results_path(cfg.generation.eval_results_prefix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2, default=str))
+        print(make_table(results))
+        log.info("wrote %s", path)
+    return summary
