@@ -4,11 +4,12 @@
                                 [--set KEY=VALUE ...] [--engines pipeline,plain] [--out NAME]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
-pipeline engine (`pipe_parallel_size: 1`, the config's setting) and on its plain engine
-(`pipe_parallel_size: 0`), and the same-shape `transformers.GPTNeoXForCausalLM` trained by a
-plain loop (forward, cross entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW`
-with the same settings). Every contender trains `--warmup` untimed then `--steps` timed
-global batches, all the same batches read from the config's training data. Reports tokens/s
+pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
+and the same-shape `transformers.GPTNeoXForCausalLM` trained by a plain loop (forward, cross
+entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW` with the same settings).
+Every contender trains `--warmup` untimed then `--steps` timed global batches, the same
+batches read from the config's training data, taking turns batch by batch (fair under a
+changing machine load). Reports tokens/s
 and achieved GFLOP/s (model FLOPs, `megatron/training/flops.py`), prints a table and writes
 `bench/results/train_{out}.json`.
 """
@@ -56,19 +57,23 @@ def fixed_batches(cfg, count: int):
     return [[next(batches) for _ in range(t.gradient_accumulation_steps)] for _ in range(count)]
 
 
-def time_steps(step, batches, warmup: int) -> float:
-    for batch in batches[:warmup]:
-        step(batch)
-    start = time.perf_counter()
-    for batch in batches[warmup:]:
-        step(batch)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, float]:
+    """Seconds each step function spends on the timed batches. The contenders take turns,
+    one global batch each, so a machine whose load changes during the run slows them alike."""
+    seconds = dict.fromkeys(steps, 0.0)
+    for i, batch in enumerate(batches):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(batch)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if i >= warmup:
+                seconds[name] += time.perf_counter() - start
+    return seconds
 
 
-def ours(cfg, batches, warmup: int) -> float:
-    """Seconds for the timed steps on our trainer (DeepSpeed engine, our model)."""
+def ours(cfg, batches):
+    """A step function of our trainer (DeepSpeed engine, our model) on one global batch."""
     from megatron.training.engine_setup import build_engine
     from megatron.training.initialize import initialize_distributed, seed_everything
     from megatron.training.steps import engine_steps
@@ -77,7 +82,7 @@ def ours(cfg, batches, warmup: int) -> float:
     seed_everything(cfg.training.seed)
     engine = build_engine(cfg, topology, len(batches)).engine
     steps = engine_steps(engine, topology)
-    return time_steps(lambda batch: steps.train_step(iter(batch)), batches, warmup)
+    return lambda batch: steps.train_step(iter(batch))
 
 
 def hf_model(cfg):
@@ -106,8 +111,8 @@ def hf_model(cfg):
     return transformers.GPTNeoXForCausalLM(config).to(device).train()
 
 
-def plain_loop(cfg, batches, warmup: int) -> float:
-    """Seconds for the timed steps of a plain PyTorch loop over the HF model."""
+def plain_loop(cfg):
+    """A step function of a plain PyTorch loop over the HF model on one global batch."""
     model = hf_model(cfg)
     device = next(model.parameters()).device
     params = dict(cfg.optimizer.optimizer_params or {})
@@ -132,7 +137,7 @@ def plain_loop(cfg, batches, warmup: int) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_steps(step, batches, warmup)
+    return step
 
 
 def main(argv=None) -> int:
@@ -151,22 +156,16 @@ def main(argv=None) -> int:
     batches = fixed_batches(cfg, total)
     tokens = args.steps * cfg.training.train_batch_size * cfg.model.seq_length
     flops = training_flops_per_token(shape_from_config(cfg))
-    contenders = {
-        "ours, pipeline engine": lambda: ours(
-            resolve(args.configs, args.overrides, pipe_parallel_size=1), batches, args.warmup
-        ),
-        "ours, plain engine": lambda: ours(
-            resolve(args.configs, args.overrides, pipe_parallel_size=0), batches, args.warmup
-        ),
-        "plain PyTorch loop, HF GPTNeoXForCausalLM": lambda: plain_loop(cfg, batches, args.warmup),
-    }
-    wanted = {"pipeline": 0, "plain": 1}
-    chosen = [name for i, name in enumerate(contenders) if i == 2 or any(
-        wanted[e] == i for e in args.engines.split(",") if e in wanted
-    )]  # fmt: skip
+    engines = {"pipeline": 1, "plain": 0}
+    steps = {}
+    for engine in args.engines.split(","):
+        if engine not in engines:
+            parser.error(f"--engines: '{engine}' is not one of {', '.join(engines)}")
+        engine_cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine])
+        steps[f"ours, {engine} engine"] = ours(engine_cfg, batches)
+    steps["plain PyTorch loop, HF GPTNeoXForCausalLM"] = plain_loop(cfg)
     rows = []
-    for name in chosen:
-        seconds = contenders[name]()
+    for name, seconds in interleaved_seconds(steps, batches, args.warmup).items():
         rows.append(
             {
                 "contender": name,
