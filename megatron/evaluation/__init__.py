@@ -8,6 +8,12 @@
 `lm_eval` is imported only here (the `eval` extra of the requirements).
 """
 
-from megatron.evaluation.run import evaluate_from_config, results_path, run_tasks, split_tasks
+from megatron.evaluation.run import (
+    evaluate_from_config,
+    results_path,
+    run_tasks,
+    sample_lines,
+    split_tasks,
+)
 
-__all__ = ["evaluate_from_config", "results_path", "run_tasks", "split_tasks"]
+__all__ = ["evaluate_from_config", "results_path", "run_tasks", "sample_lines", "split_tasks"]

@@ -6,7 +6,9 @@
 task but a place to look for task YAML files (lm-eval's `include_path`), e.g.
 `[tests/data/lm_eval_task, tiny_mc]` for a local task. Results (lm-eval's `results` and
 `n-samples`, plus the layout) go to `{eval_results_prefix}_eval_results.json` (or
-`eval_results.json` without a prefix), written by rank 0, and lm-eval's table is printed.
+`eval_results.json` without a prefix), each scored document (its task, id, target and
+filtered responses) to `..._eval_samples.jsonl` beside it, written by rank 0, and lm-eval's
+table is printed.
 Tasks whose data lm-eval would download need the network (or the Hugging Face datasets cache);
 local tasks load their files with `datasets` offline (`HF_DATASETS_OFFLINE=1`).
 """
@@ -33,12 +35,29 @@ def split_tasks(entries) -> tuple[list[str], list[str]]:
     return tasks, folders
 
 
-def results_path(prefix: str) -> Path:
-    return Path(f"{prefix}_eval_results.json" if prefix else "eval_results.json")
+def results_path(prefix: str, kind: str = "results.json") -> Path:
+    """`{prefix}_eval_{kind}`, or `eval_{kind}` without a prefix."""
+    return Path(f"{prefix}_eval_{kind}" if prefix else f"eval_{kind}")
 
 
-def run_tasks(model, tokenizer, tasks: list[str], folders: list[str], **kwargs) -> dict:
-    """lm-eval's `simple_evaluate` with our model; the same results on every rank."""
+def sample_lines(results: dict) -> list[str]:
+    """One JSON line per scored document: task, doc_id, target, filtered responses."""
+    lines = []
+    for task, samples in (results.get("samples") or {}).items():
+        for sample in samples:
+            record = {
+                "task": task,
+                "doc_id": sample.get("doc_id"),
+                "target": sample.get("target"),
+                "filtered_resps": sample.get("filtered_resps"),
+            }
+            lines.append(json.dumps(record, default=str))
+    return lines
+
+
+def run_tasks(model, tokenizer, tasks: list[str], folders: list[str], **kwargs) -> dict | None:
+    """lm-eval's `simple_evaluate` with our model (collective: call it on every rank). The
+    results come back where LOCAL_RANK is 0 (lm-eval returns None elsewhere)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -46,11 +65,12 @@ def run_tasks(model, tokenizer, tasks: list[str], folders: list[str], **kwargs) 
 
     lm = MegatronLM(model, tokenizer)
     manager = TaskManager(include_path=folders or None)
-    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=False, **kwargs)
+    return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=True, **kwargs)
 
 
-def evaluate_from_config(cfg) -> dict:
-    """Set up, evaluate `cfg.generation.eval_tasks`, write the results on rank 0."""
+def evaluate_from_config(cfg) -> dict | None:
+    """Set up, evaluate `cfg.generation.eval_tasks`, write the results on rank 0; return the
+    summary (None on ranks where lm-eval returns no results)."""
     from megatron.data import build_tokenizer
     from megatron.inference import InferenceModel
     from megatron.training.initialize import initialize_distributed, seed_everything
@@ -61,6 +81,8 @@ def evaluate_from_config(cfg) -> dict:
     tokenizer = build_tokenizer(cfg)
     model = InferenceModel.from_config(cfg, topology)
     results = run_tasks(model, tokenizer, tasks, folders, random_seed=cfg.training.seed)
+    if results is None:
+        return None
     summary = {
         "results": results["results"],
         "n-samples": results.get("n-samples"),
@@ -75,6 +97,8 @@ def evaluate_from_config(cfg) -> dict:
         path = results_path(cfg.generation.eval_results_prefix)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2, default=str))
+        samples = results_path(cfg.generation.eval_results_prefix, "samples.jsonl")
+        samples.write_text("".join(line + "\n" for line in sample_lines(results)))
         print(make_table(results))
-        log.info("wrote %s", path)
+        log.info("wrote %s and %s", path, samples)
     return summary
