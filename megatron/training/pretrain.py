@@ -120,10 +120,62 @@ class TrainLoop:
         return stopped
 
 
+def _resume(cfg, io: CheckpointIO, parts, guard) -> tuple[TrainState, dict | None]:
+    """Load `cfg.checkpointing.load` (if any) into the engine, scheduler and guard."""
+    c = cfg.checkpointing
+    loaded = io.load(
+        c.load, finetune=c.finetune, load_optim=not c.no_load_optim, load_rng=not c.no_load_rng
+    )
+    if not loaded:
+        return TrainState(), loaded
+    parts.lr_scheduler.load_state_dict(loaded["lr_scheduler"])
+    guard.load_state_dict(loaded.get("skipped_steps", {}))
+    return TrainState(loaded["iteration"], loaded["consumed_samples"]), loaded
+
+
+def _callbacks(cfg, *, monitor, loggers, evaluator, io, model, rank, train_iters) -> list:
+    lg = cfg.logging
+    on_rank0 = rank == 0
+    return [
+        LoggingCallback(
+            monitor,
+            loggers,
+            lg.log_interval,
+            lg.wall_clock_breakdown,
+            param_norms_of=model if lg.log_param_norm and on_rank0 else None,
+            grad_norms=GradNormRecorder(model) if lg.log_grad_norm and on_rank0 else None,
+        ),
+        EvaluationCallback(evaluator),
+        CheckpointCallback(
+            io, SaveSchedule.from_config(cfg, train_iters), bool(cfg.checkpointing.save)
+        ),
+    ]
+
+
+def _report(cfg, topology, loggers, flops, train_iters, state, datasets) -> None:
+    sizes = dict(zip(("train", "valid", "test"), datasets))
+    loggers.log_text(
+        startup_report(
+            cfg,
+            topology,
+            parameters=_count_parameters(cfg),
+            flops_per_token=flops,
+            train_iters=train_iters,
+            resumed_from=state.iteration,
+            dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
+        )
+    )
+
+
+def _count_parameters(cfg) -> int:
+    from megatron.model import count_parameters
+
+    return count_parameters(cfg)
+
+
 def pretrain(cfg) -> TrainResult:
     """Train the model `cfg` describes (see the module docstring)."""
     from megatron.data import build_tokenizer
-    from megatron.model import count_parameters
     from megatron.parallel import get_rng_tracker
 
     topology = initialize_distributed(cfg)
@@ -132,7 +184,7 @@ def pretrain(cfg) -> TrainResult:
     tokenizer = build_tokenizer(cfg)
     train_iters = resolve_train_iters(cfg)
     parts = build_engine(cfg, topology, train_iters)
-    engine, c = parts.engine, cfg.checkpointing
+    engine, c, t = parts.engine, cfg.checkpointing, cfg.training
     io = CheckpointIO(
         engine,
         c.save,
@@ -143,82 +195,61 @@ def pretrain(cfg) -> TrainResult:
         tracker=get_rng_tracker(),
     )
     guard = SkippedStepGuard(cfg.precision.max_consecutive_skipped_steps)
-    loaded = io.load(
-        c.load, finetune=c.finetune, load_optim=not c.no_load_optim, load_rng=not c.no_load_rng
+    state, loaded = _resume(cfg, io, parts, guard)
+
+    datasets = build_datasets(cfg, train_iters)
+    make_batches = BatchFactory(
+        cfg, topology, BatchSettings.from_config(cfg, tokenizer.eod), engine.device
     )
-    state = TrainState()
-    if loaded:
-        state = TrainState(loaded["iteration"], loaded["consumed_samples"])
-        parts.lr_scheduler.load_state_dict(loaded["lr_scheduler"])
-        guard.load_state_dict(loaded.get("skipped_steps", {}))
+    train_batches = make_batches(datasets[0], state.consumed_samples)
+    valid_batches = make_batches(datasets[1], valid_samples_consumed(cfg, state.iteration))
+    io.restore_rng(loaded)  # after the iterators: creating one draws from torch's generator
 
-    train_ds, valid_ds, test_ds = build_datasets(cfg, train_iters)
-    settings = BatchSettings.from_config(cfg, tokenizer.eod)
-    make_batches = BatchFactory(cfg, topology, settings, engine.device)
-    train_batches = make_batches(train_ds, state.consumed_samples)
-    valid_batches = make_batches(valid_ds, valid_samples_consumed(cfg, state.iteration))
-    io.restore_rng(loaded)
-
-    t = cfg.training
     flops = training_flops_per_token(shape_from_config(cfg))
     loggers = build_loggers(cfg, rank, train_iters)
-    sizes = {"train": train_ds, "valid": valid_ds, "test": test_ds}
-    loggers.log_text(
-        startup_report(
-            cfg,
-            topology,
-            parameters=count_parameters(cfg),
-            flops_per_token=flops,
-            train_iters=train_iters,
-            resumed_from=state.iteration,
-            dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
-        )
-    )
-
-    steps = engine_steps(engine, topology)
-    evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
-    peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
-    monitor = TrainMonitor(
-        t.train_batch_size * cfg.model.seq_length, flops, topology.world_size, peak, train_iters
-    )
-    lg = cfg.logging
-    callbacks = [
-        LoggingCallback(
-            monitor,
-            loggers,
-            lg.log_interval,
-            lg.wall_clock_breakdown,
-            param_norms_of=parts.model if lg.log_param_norm and rank == 0 else None,
-            grad_norms=GradNormRecorder(parts.model) if lg.log_grad_norm and rank == 0 else None,
-        ),
-        EvaluationCallback(evaluator),
-        CheckpointCallback(io, SaveSchedule.from_config(cfg, train_iters), bool(c.save)),
-    ]
-    stop = StopRequest().install()
-    loop = TrainLoop(
-        steps=steps,
-        engine=engine,
-        lr_scheduler=parts.lr_scheduler,
-        batches=train_batches,
-        state=state,
-        train_iters=train_iters,
-        global_batch=t.train_batch_size,
-        guard=guard,
-        loggers=loggers,
-        callbacks=callbacks,
-        exit_interval=t.exit_interval,
-        stop=stop,
-    )
     try:
-        stopped = loop.run()
+        _report(cfg, topology, loggers, flops, train_iters, state, datasets)
+        steps = engine_steps(engine, topology)
+        evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
+        peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
+        tokens_per_step = t.train_batch_size * cfg.model.seq_length
+        monitor = TrainMonitor(tokens_per_step, flops, topology.world_size, peak, train_iters)
+        callbacks = _callbacks(
+            cfg,
+            monitor=monitor,
+            loggers=loggers,
+            evaluator=evaluator,
+            io=io,
+            model=parts.model,
+            rank=rank,
+            train_iters=train_iters,
+        )
+        loop = TrainLoop(
+            steps=steps,
+            engine=engine,
+            lr_scheduler=parts.lr_scheduler,
+            batches=train_batches,
+            state=state,
+            train_iters=train_iters,
+            global_batch=t.train_batch_size,
+            guard=guard,
+            loggers=loggers,
+            callbacks=callbacks,
+            exit_interval=t.exit_interval,
+            stop=StopRequest(),
+        )
+        loop.stop.install()
+        try:
+            stopped = loop.run()
+        finally:
+            loop.stop.uninstall()
+        result = TrainResult(state.iteration, loop.losses, stopped=stopped)
+        if not stopped:
+            if not evaluator.due(state.iteration):
+                evaluator.run(state.iteration)
+            result.valid = evaluator.last
+            if t.do_test:
+                result.test = evaluator.run(state.iteration, "test", make_batches(datasets[2], 0))
     finally:
-        stop.uninstall()
-    result = TrainResult(state.iteration, loop.losses, stopped=stopped)
-    if not stopped:
-        if not evaluator.due(state.iteration):
-            evaluator.run(state.iteration)
-        result.valid = evaluator.last
-        if t.do_test:
-            result.test = evaluator.run(state.iteration, "test", make_batches(test_ds, 0))
-    loggers.close()
+        loggers.close()
     return result
