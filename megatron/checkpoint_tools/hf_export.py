@@ -104,19 +104,20 @@ def export_hf(
 ) -> ExportResult:
     """Write the Hugging Face directory for our full `state` (see the module docstring)."""
     arch = choose_architecture(args, architecture)
+    if vocab_size is not None and not 0 < vocab_size <= args.vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} must be in 1..{args.vocab_size} (padded size)")
+    config = hf_config_object(args, arch, vocab_size, None, eod)  # refuses before any work
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         if not overwrite:
             raise FileExistsError(f"output folder '{output}' is not empty; choose another one")
         shutil.rmtree(output)
-    if vocab_size is not None and not 0 < vocab_size <= args.vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} must be in 1..{args.vocab_size} (padded size)")
     tensors = to_hf(state, args, arch, vocab_size)
     first = next(iter(state.values()))
     torch_dtype = DTYPES[dtype] if dtype else first.dtype
     # Fresh contiguous tensors: split QKV views and tied copies must not share storage.
     tensors = {k: v.detach().to(torch_dtype).contiguous().clone() for k, v in tensors.items()}
-    config = hf_config_object(args, arch, vocab_size, torch_dtype, eod)
+    config.dtype = torch_dtype
     output.mkdir(parents=True, exist_ok=True)
     result = ExportResult(
         output, arch, _save_with_transformers(tensors, config, output, max_shard_size)

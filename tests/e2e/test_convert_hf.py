@@ -38,11 +38,13 @@ def convert_from_hf(*argv: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["neox", "llama"])
-def test_export_of_a_tp2_pp2_run_matches_transformers(arch, tmp_path):
+def test_export_of_a_tp2_pp2_run_matches_transformers(arch, tmp_path, capsys):
     run = trained()[arch]
     out = tmp_path / "hf"
     step2 = run["folder"] / "ckpt" / "global_step2"
-    convert_to_hf("--checkpoint", str(step2), "--output", str(out))
+    convert_to_hf("--checkpoint", str(step2), "--output", str(out), "--verify")
+    verified = capsys.readouterr().out.split("verify: max |logit difference| vs ours = ")[1]
+    assert float(verified.split()[0]) < 1e-5
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [HF_CLASSES[arch]]
     assert (out / "tokenizer.json").read_bytes() == TOKENIZER.read_bytes()
