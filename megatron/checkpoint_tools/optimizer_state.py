@@ -7,8 +7,9 @@ shaped like that rank's shard, numbered in the order of `stages.optimizer_parame
 splits them for a rank of another layout, numbered for that layout's stage.
 
 Other cases keep their state in forms tied to the old layout, and `read_optimizer_state`
-returns the reason instead: ZeRO stages 1-3 (flat partitions over data-parallel ranks) and the
-fp16/bf16 optimizer wrappers (flat fp32 master groups).
+returns the reason instead: ZeRO stages 1-3 (flat partitions over data-parallel ranks), the
+fp16/bf16 optimizer wrappers (flat fp32 master groups) and optimizers whose state is not
+shaped like the parameters (SM3, 1-bit Adam's error feedback).
 """
 
 from __future__ import annotations
@@ -64,11 +65,19 @@ def read_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
         for name in names:
             if name in full.per_param:  # the tied embedding's copy on the last stage
                 continue
-            full.per_param[name] = _merge_param_state(schema, name, [s[name] for s in shards])
+            states = [s[name] for s in shards]
+            merged = _merge_param_state(schema, name, states)
+            if merged is None:
+                keys = sorted(states[0])
+                return None, f"its state of '{name}' ({keys}) is not shaped like the parameter"
+            full.per_param[name] = merged
     return full, ""
 
 
-def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> dict:
+def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> dict | None:
+    """Full tensors of one parameter's state; None when a tensor is neither shaped like the
+    parameter's shard nor a scalar (SM3's per-dimension accumulators, 1-bit Adam's error
+    buffers): such state has no layout-free meaning here."""
     spec = schema.spec(name)
     tp = len(states)
     shard_shape = list(spec.shape)
@@ -78,6 +87,8 @@ def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> di
     for key, value in states[0].items():
         if torch.is_tensor(value) and list(value.shape) == shard_shape:
             merged[key] = schema.merge(name, [s[key] for s in states])
+        elif torch.is_tensor(value) and value.dim() > 0:
+            return None
         else:  # step counters and other scalars: the same on every rank
             merged[key] = value
     return merged

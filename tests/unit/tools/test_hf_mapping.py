@@ -97,6 +97,21 @@ def test_zero_optimizer_state_is_reported_as_dropped():
     assert state is None and "ZeRO stage 2" in why
 
 
+def test_optimizer_state_not_shaped_like_the_parameter_cannot_move():
+    from megatron.checkpoint_tools.optimizer_state import _merge_param_state
+    from megatron.checkpoint_tools.schema import ModelSchema
+
+    _, keys = model_keys_from_hf(LLAMA)
+    schema = ModelSchema(args_from(keys))
+    name = "2.mlp.dense_4h_to_h.weight"  # (64, 96), split along dim 1 over tp
+    adam = [{"step": torch.tensor(3.0), "exp_avg": torch.full((64, 48), float(r))} for r in (0, 1)]
+    merged = _merge_param_state(schema, name, adam)
+    assert merged["exp_avg"].shape == (64, 96) and merged["exp_avg"][0, 48] == 1.0
+    assert float(merged["step"]) == 3.0
+    sm3 = [{"momentum_buffer": torch.zeros(64, 48), "accumulator_0": torch.zeros(64)}] * 2
+    assert _merge_param_state(schema, name, sm3) is None
+
+
 def test_eval_tasks_split_into_names_and_task_folders(tmp_path):
     assert split_tasks([str(tmp_path), "tiny_mc", "hellaswag"]) == (
         ["tiny_mc", "hellaswag"],
