@@ -28,6 +28,8 @@ from megatron.checkpoint_tools.layout import (
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
 
+ZERO3_RANK0_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
 
 def load_saved_config(layout: CheckpointLayout):
     """The resolved `Config` saved in the checkpoint folder."""
@@ -83,6 +85,17 @@ class CheckpointReader:
         """DeepSpeed's engine-state file of model-parallel rank `mp_rank` (stage * tp + t)."""
         return _load(self.folder / mp_rank_file(mp_rank), weights_only=False)
 
+    def engine_state(self) -> dict:
+        """DeepSpeed's bookkeeping of rank 0 (scheduler, sample counts, its config), without
+        the module and optimizer tensors."""
+        if self.layout.zero3:
+            state = _load(self.folder / ZERO3_RANK0_FILE, weights_only=False)
+        else:
+            state = self.mp_rank_state(0)
+        state.pop("module", None)
+        state.pop("optimizer", None)
+        return state
+
     def trainer_state(self) -> dict | None:
         path = self.layout.trainer_state_file
         return torch.load(path, weights_only=False) if path.is_file() else None
@@ -109,9 +122,10 @@ class CheckpointReader:
             )
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(
+        state = get_fp32_state_dict_from_zero_checkpoint(
             str(self.folder.parent), tag=self.folder.name
         )
+        return {name: tensor.detach() for name, tensor in state.items()}
 
     def _layer_shards(self, layer: int) -> list[dict]:
         """The per-tp-rank state dicts of one layer, keyed by our full names."""

@@ -67,12 +67,17 @@ def target_config(cfg, tp: int, pp: int):
     vocab = tokenizer_vocab_size(cfg) or cfg.model.padded_vocab_size
     padded = pad_vocab_size(vocab, cfg.tokenizer.make_vocab_size_divisible_by, tp)
     dp = cfg.parallel.data_parallel_size or 1
+    # The files are written as without ZeRO (module and optimizer in mp_rank files), and the
+    # recorded config says so; a run resuming with ZeRO 1/2 rebuilds its partitions.
+    zero = {**(cfg.parallel.zero_optimization or {}), "stage": 0}
     return cfg.replace(
         model_parallel_size=tp,
         pipe_parallel_size=pp,
         padded_vocab_size=padded,
         world_size=dp * tp * max(1, pp),
         data_parallel_size=dp,
+        zero_optimization=zero,
+        zero_stage=0,
     )
 
 
@@ -116,9 +121,7 @@ def reshard_checkpoint(
     if old_rows != new_rows:
         notes.append(f"padded vocabulary {old_rows} -> {new_rows} rows for tp={tp}")
     moved, why = read_optimizer_state(reader) if optimizer else (None, "not requested")
-    engine = reader.mp_rank_state(0)
-    engine.pop("module", None)
-    engine.pop("optimizer", None)
+    engine = reader.engine_state()
     trainer = reader.trainer_state()
     iteration = reader.layout.iteration
     if iteration is None:
@@ -137,6 +140,8 @@ def reshard_checkpoint(
         overwrite=overwrite,
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
+    if getattr(reader.cfg.parallel, "zero_stage", 0):
+        notes.append("written without ZeRO partitions; a ZeRO run rebuilds them from the weights")
     target = f"tp={tp}, pp={pp}"
     opt_text = "resharded" if moved is not None else f"dropped: {why}; resume with no_load_optim"
     return ReshardResult(folder, reader.layout.describe(), target, opt_text, notes)
