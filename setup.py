@@ -78,6 +78,7 @@ setup(
     extras_require={
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb>=0.17"],
+        "eval": ["lm-eval[hf]==0.4.13"],
         "dev": ["pytest>=8", "ruff==0.17.6", "transformers>=4.46", "safetensors>=0.4"],
     },
     ext_modules=ext_modules,
