@@ -140,6 +140,16 @@ def plain_loop(cfg):
     return step
 
 
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("configs", nargs="*", default=["configs/small.yml", "configs/local.yml"])
@@ -174,7 +184,7 @@ def main(argv=None) -> int:
                 "gflops_per_sec": tokens / seconds * flops / 1e9,
             }
         )
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     result = {
         "config": args.configs,
         "overrides": args.overrides,

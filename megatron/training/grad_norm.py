@@ -23,14 +23,19 @@ from megatron.parallel import is_tensor_parallel
 
 def global_grad_norm(parameters, topology) -> torch.Tensor:
     """2-norm of all gradients of the model (collective over tp and pp)."""
-    parameters = [p for p in parameters if p.grad is not None]
-    device = parameters[0].grad.device if parameters else torch.device("cpu")
-    square = torch.zeros((), dtype=torch.float32, device=device)
-    for p in parameters:
-        if getattr(p, "ds_pipe_replicated", False):
-            continue
-        if topology.tp_rank == 0 or is_tensor_parallel(p):
-            square += p.grad.detach().float().norm() ** 2
+    grads = [
+        p.grad.detach()
+        for p in parameters
+        if p.grad is not None
+        and not getattr(p, "ds_pipe_replicated", False)
+        and (topology.tp_rank == 0 or is_tensor_parallel(p))
+    ]
+    if grads:
+        norms = torch._foreach_norm(grads)  # one fused pass over all gradients
+        square = torch.stack([n.float() for n in norms]).square().sum()
+    else:
+        device = next((p.device for p in parameters), torch.device("cpu"))
+        square = torch.zeros((), dtype=torch.float32, device=device)
     for group in (topology.tp_group, topology.pp_group):
         if group is not None:
             dist.all_reduce(square, group=group)
@@ -42,8 +47,7 @@ def clip_by_global_norm(parameters, max_norm: float, topology) -> torch.Tensor:
     before clipping."""
     parameters = [p for p in parameters if p.grad is not None]
     norm = global_grad_norm(parameters, topology)
-    if max_norm > 0:
+    if max_norm > 0 and parameters:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for p in parameters:
-            p.grad.detach().mul_(coef.to(p.grad.device))
+        torch._foreach_mul_([p.grad.detach() for p in parameters], coef)
     return norm
