@@ -18,6 +18,8 @@
 | `lr_schedules`    | warm-up and decay shapes                                           |
 | `loss_scaling`    | DeepSpeed's fp16 scaler from our config; the skipped-step guard    |
 | `flops`, `monitor`| FLOPs per token, tokens/s, TFLOP/s, MFU, ETA                       |
+| `grad_norm`       | global gradient norm over tp and pp, clipping (fp32 without ZeRO)  |
+| `norms`           | optional per-parameter norms (`log_param_norm`, `log_grad_norm`)  |
 | `loggers/`        | console, metrics.jsonl, TensorBoard, wandb                         |
 | `report`, `signals` | start-up report; SIGTERM/SIGINT → save and exit                  |
 """
