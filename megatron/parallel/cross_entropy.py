@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from megatron.parallel.comm import all_reduce, group_rank, group_size
 
@@ -113,6 +114,14 @@ def vocab_parallel_cross_entropy(
         )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if group_size(tp_group) == 1:
+        # The whole vocabulary is here: PyTorch's fused log-softmax + NLL is faster.
+        dtype = torch.promote_types(logits_parallel.dtype, torch.float32)
+        logits = logits_parallel.to(dtype).reshape(-1, logits_parallel.shape[-1])
+        loss = F.cross_entropy(
+            logits, target.reshape(-1), reduction="none", label_smoothing=label_smoothing
+        )
+        return loss.view(target.shape)
     return _VocabParallelCrossEntropy.apply(
         logits_parallel, target, tp_group, float(label_smoothing)
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from megatron.model import build_gpt, full_state_dict
+from megatron.parallel import ParallelTopology, model_parallel_seed
 from tests.unit.model.tiny import llama_args, micro_batches, neox_args
 
 
@@ -23,7 +24,9 @@ def loss_and_grads(args, batch, calls):
         for m in model.modules()
         if type(m).__name__.endswith("TransformerLayer")
     ]
-    torch.manual_seed(1234)  # same dropout masks for both runs
+    # Same dropout masks for both runs: the default and the tensor-parallel streams (the
+    # latter is process state that earlier tests may have advanced).
+    model_parallel_seed(1234, ParallelTopology())
     inputs, labels = batch
     loss = model.loss_fn(model(*inputs), labels)
     loss.backward()

@@ -7,15 +7,22 @@ import torch
 import torch.nn.functional as F
 
 from megatron.parallel import vocab_parallel_cross_entropy
+from megatron.parallel.cross_entropy import _VocabParallelCrossEntropy
 
 
+def sharded_path(logits, target, label_smoothing=0.0):
+    """The vocab-parallel autograd function itself (tp=1 normally takes F.cross_entropy)."""
+    return _VocabParallelCrossEntropy.apply(logits, target, None, float(label_smoothing))
+
+
+@pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, sharded_path])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-def test_matches_torch_cross_entropy(label_smoothing):
+def test_matches_torch_cross_entropy(label_smoothing, fn):
     torch.manual_seed(0)
     logits = (torch.randn(5, 3, 17) * 4).requires_grad_()
     target = torch.randint(0, 17, (5, 3))
     ref_logits = logits.detach().clone().requires_grad_()
-    loss = vocab_parallel_cross_entropy(logits, target, label_smoothing=label_smoothing)
+    loss = fn(logits, target, label_smoothing=label_smoothing)
     ref = F.cross_entropy(
         ref_logits.view(-1, 17), target.view(-1), reduction="none", label_smoothing=label_smoothing
     ).view(5, 3)
@@ -26,20 +33,22 @@ def test_matches_torch_cross_entropy(label_smoothing):
     torch.testing.assert_close(logits.grad, ref_logits.grad, rtol=1e-6, atol=1e-7)
 
 
-def test_float64_gradient_is_exact():
+@pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, sharded_path])
+def test_float64_gradient_is_exact(fn):
     # (gradcheck itself needs several backwards per forward, which this function refuses.)
     torch.manual_seed(1)
     logits = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 6, (4,))
-    vocab_parallel_cross_entropy(logits, target, label_smoothing=0.1).sum().backward()
+    fn(logits, target, label_smoothing=0.1).sum().backward()
     onehot = F.one_hot(target, 6).double()
     expected = logits.detach().softmax(-1) - 0.9 * onehot - 0.1 / 6
     torch.testing.assert_close(logits.grad, expected, rtol=1e-12, atol=1e-14)
 
 
-def test_bf16_logits_give_fp32_loss_and_bf16_grad():
+@pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, sharded_path])
+def test_bf16_logits_give_fp32_loss_and_bf16_grad(fn):
     logits = torch.randn(3, 8).to(torch.bfloat16).requires_grad_()
-    loss = vocab_parallel_cross_entropy(logits, torch.tensor([0, 7, 3]))
+    loss = fn(logits, torch.tensor([0, 7, 3]))
     assert loss.dtype == torch.float32
     loss.sum().backward()
     assert logits.grad.dtype == torch.bfloat16
@@ -51,7 +60,7 @@ def test_errors():
         vocab_parallel_cross_entropy(logits, torch.zeros(3, 1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\)"):
         vocab_parallel_cross_entropy(logits, torch.zeros(3, dtype=torch.long), label_smoothing=1)
-    loss = vocab_parallel_cross_entropy(logits, torch.zeros(3, dtype=torch.long)).sum()
+    loss = sharded_path(logits, torch.zeros(3, dtype=torch.long)).sum()
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward per forward"):
         loss.backward()
