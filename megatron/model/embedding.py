@@ -53,8 +53,8 @@ class WordEmbeddingPipe(nn.Module):
             hidden = gather_from_sequence_parallel_region(hidden, self.tp_group)  # (s, b, h)
         else:
             hidden = copy_to_tensor_parallel_region(hidden, self.tp_group)
-        logits = F.linear(hidden, self.word_embeddings.weight)  # (s, b, V/tp)
-        return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)
+        # Project from (b, s, h): the logits come out in (b, s, V/tp) without copying them.
+        return F.linear(hidden.transpose(0, 1), self.word_embeddings.weight)  # (b, s, V/tp)
 
 
 def project_to_vocab(embedding: WordEmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:

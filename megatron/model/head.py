@@ -44,5 +44,8 @@ class OutputHeadPipe(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.final_linear(hidden)  # (s, b, V/tp); gathers the sequence under SP
-        return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)
+        if self.final_linear.sequence_parallel:
+            logits = self.final_linear(hidden)  # (s, b, V/tp); gathers the sequence first
+            return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)
+        # Project from (b, s, h): the logits come out in (b, s, V/tp) without copying them.
+        return self.final_linear(hidden.transpose(0, 1))  # (b, s, V/tp)
