@@ -123,7 +123,14 @@ def derive_precision(cfg: Config, sources: dict[str, str], warn: list[str]):
             f"precision '{pr.precision}' contradicts the enabled {from_sections} section"
             f"{_src(sources, 'precision', from_sections)}"
         )
-    return dataclasses.replace(pr, dtype=named or from_sections or "fp32")
+    dtype = named or from_sections or "fp32"
+    p = cfg.parallel
+    if dtype == "bf16" and p.pipe_parallel_size >= 1 and p.zero_stage == 0:
+        warn.append(
+            "bf16 with the pipeline engine and ZeRO stage 0: DeepSpeed accumulates gradients in "
+            "bf16 here; use zero_optimization: {stage: 1} for fp32 accumulation"
+        )
+    return dataclasses.replace(pr, dtype=dtype)
 
 
 def _number(value):

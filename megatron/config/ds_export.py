@@ -9,10 +9,6 @@ from megatron.config.config import Config
 from megatron.config.deepspeed import PASSTHROUGH
 from megatron.config.schema import ConfigError
 
-# Optimizers DeepSpeed must build itself (from the `optimizer` section); the rest are built by
-# the trainer and handed to `deepspeed.initialize`.
-DEEPSPEED_BUILT_OPTIMIZERS = {"OneBitAdam": "OneBitAdam"}
-
 # With sequence parallelism and several pipeline stages, the activations passed between stages
 # are already split along the sequence over tensor-parallel ranks: DeepSpeed must not split
 # (and later reassemble) them again as if they were replicated.
@@ -20,13 +16,16 @@ PIPELINE_SP_SECTION = {"pipe_partitioned": False, "grad_partitioned": False}
 
 
 def deepspeed_config(cfg: Config) -> dict[str, Any]:
-    """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args."""
-    t, p, pr, o = cfg.training, cfg.parallel, cfg.precision, cfg.optimizer
+    """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args.
+
+    No `optimizer` section: the trainer builds every optimizer itself (DeepSpeed 0.19 no longer
+    ships 1-bit Adam) and hands it to `deepspeed.initialize`."""
+    t, p, pr = cfg.training, cfg.parallel, cfg.precision
     ds: dict[str, Any] = {
         "train_batch_size": t.train_batch_size,
         "train_micro_batch_size_per_gpu": t.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "gradient_clipping": o.gradient_clipping,
+        "gradient_clipping": cfg.optimizer.gradient_clipping,
         "steps_per_print": cfg.logging.steps_per_print,
         "wall_clock_breakdown": cfg.logging.wall_clock_breakdown,
         "zero_optimization": copy.deepcopy(p.zero_optimization or {"stage": 0}),
@@ -36,18 +35,14 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         ds["fp16"] = {**(pr.fp16 or {}), "enabled": True}
     elif pr.dtype == "bf16":
         ds["bf16"] = {**(pr.bf16 or {}), "enabled": True}
-        if p.pipe_parallel_size >= 1 and cfg.deepspeed.data_types is None:
-            # The pipeline engine accumulates micro-batch gradients; do it in fp32.
+        if p.pipe_parallel_size >= 1 and p.zero_stage >= 1 and cfg.deepspeed.data_types is None:
+            # The pipeline engine accumulates micro-batch gradients; do it in fp32 (DeepSpeed
+            # 0.19 does so only through its ZeRO-1 bf16 optimizer; derive warns for stage 0).
             ds["data_types"] = {"grad_accum_dtype": "fp32"}
     if p.sequence_parallel and p.pipe_parallel_size > 1:
         ds["pipeline"] = dict(PIPELINE_SP_SECTION)
     if pr.fp32_allreduce:
         ds["fp32_allreduce"] = True
-    if o.optimizer_type in DEEPSPEED_BUILT_OPTIMIZERS:
-        ds["optimizer"] = {
-            "type": DEEPSPEED_BUILT_OPTIMIZERS[o.optimizer_type],
-            "params": {"lr": o.lr, "weight_decay": o.weight_decay, **o.optimizer_params},
-        }
     for key in PASSTHROUGH:
         value = getattr(cfg.deepspeed, key)
         if value is not None:

@@ -6,7 +6,7 @@ from megatron.config.config import Config
 from megatron.config.schema import ConfigError
 
 # Optimizers DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`.
-ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam", "OneBitAdam")
+ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam")
 
 
 def _src(sources: dict[str, str], *keys: str) -> str:
@@ -83,6 +83,30 @@ def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
             "'uniform'"
         )
     opt = cfg.optimizer.optimizer_type
+    zero = p.zero_optimization or {}
+    if opt == "OneBitAdam" and p.zero_stage > 0:
+        raise ConfigError(
+            f"optimizer OneBitAdam cannot run with ZeRO stage {p.zero_stage}"
+            f"{_src(sources, 'optimizer', 'zero_optimization')}: it exchanges its own compressed "
+            "momentum instead of the gradients ZeRO partitions; use zero_optimization stage 0 "
+            "or another optimizer"
+        )
+    offload = (zero.get("offload_optimizer") or {}).get("device", "none")
+    if (
+        offload not in (None, "none")
+        and opt != "CPU_Adam"
+        and zero.get("zero_force_ds_cpu_optimizer", True)
+    ):
+        raise ConfigError(
+            f"zero_optimization.offload_optimizer (device {offload!r}){_src(sources, 'optimizer')}"
+            f" needs optimizer type CPU_Adam (DeepSpeed's CPU Adam), not {opt}; or set "
+            "zero_optimization.zero_force_ds_cpu_optimizer: false"
+        )
+    if cfg.checkpointing.no_save_optim and p.zero_stage == 3:
+        raise ConfigError(
+            f"no_save_optim with ZeRO stage 3{_src(sources, 'no_save_optim')} would save no "
+            "weights (they live in the partitioned optimizer files); set no_save_optim: false"
+        )
     untested = opt not in ZERO_TESTED_OPTIMIZERS and not p.zero_allow_untested_optimizer
     if p.zero_stage > 0 and untested:
         raise ConfigError(

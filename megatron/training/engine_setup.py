@@ -31,45 +31,19 @@ class EngineParts:
     ds_config: dict
 
 
-def exported_deepspeed_config(cfg) -> dict:
-    """`megatron.config.deepspeed_config(cfg)` without an `optimizer` section (ours).
-
-    DeepSpeed 0.19 accumulates bf16 gradients in fp32 only through its ZeRO-1 bf16 optimizer
-    and rejects `grad_accum_dtype: fp32` with ZeRO 0; the exported default is then dropped
-    (accumulation in bf16, with a warning) unless the config set `data_types` itself.
-    """
-    from megatron.config import deepspeed_config
-
-    ds = deepspeed_config(cfg)
-    ds.pop("optimizer", None)
-    automatic = cfg.deepspeed.data_types is None and "data_types" in ds
-    if automatic and "bf16" in ds and cfg.parallel.zero_stage == 0:
-        del ds["data_types"]
-        log.warning(
-            "bf16 with the pipeline engine and ZeRO stage 0: DeepSpeed accumulates gradients "
-            "in bf16 here; use zero_optimization: {stage: 1} for fp32 accumulation"
-        )
-    return ds
-
-
 def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     """Build the model (seeded by the caller), optimizer, scheduler and DeepSpeed engine."""
     import deepspeed
 
+    from megatron.config import deepspeed_config
     from megatron.model import build_model
     from megatron.parallel import model_parallel_seed
 
-    if cfg.optimizer.optimizer_type == "OneBitAdam" and cfg.parallel.zero_stage > 0:
-        raise ValueError(
-            f"optimizer OneBitAdam cannot run with ZeRO stage {cfg.parallel.zero_stage}: it "
-            "exchanges its own compressed momentum instead of the gradients ZeRO partitions; "
-            "set zero_optimization: {stage: 0} or choose Adam"
-        )
     model = build_model(cfg, topology)
     model_parallel_seed(cfg.training.seed, topology)
     optimizer, _ = build_optimizer_from_config(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
-    ds_config = exported_deepspeed_config(cfg)
+    ds_config = deepspeed_config(cfg)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     engine, _, _, _ = deepspeed.initialize(
         model=model,

@@ -143,7 +143,9 @@ def test_precision_key_alone_enables_fp16_defaults(write):
 
 
 def test_bf16_pipeline_accumulates_in_fp32(write):
-    cfg = _load(write, "precision: bfloat16\npipe_parallel_size: 1\n")
+    cfg = _load(
+        write, "precision: bfloat16\npipe_parallel_size: 1\nzero_optimization: {stage: 1}\n"
+    )
     ds = deepspeed_config(cfg)
     assert ds["bf16"] == {"enabled": True} and ds["data_types"] == {"grad_accum_dtype": "fp32"}
 
@@ -198,3 +200,35 @@ def test_sequence_parallel_pipeline_keeps_activations_unsplit(write):
     }
     plain = _load(write, "sequence_parallel: true\npipe_parallel_size: 1\n")
     assert "pipeline" not in deepspeed_config(plain)
+
+
+def test_onebit_adam_refuses_zero(write):
+    text = MINIMAL.replace("type: Adam", "type: OneBitAdam") + "zero_optimization: {stage: 1}\n"
+    with pytest.raises(ConfigError, match="OneBitAdam cannot run with ZeRO stage 1"):
+        load_config([write("bad.yml", text)], warn=[])
+
+
+def test_optimizer_offload_needs_cpu_adam(write):
+    zero = "zero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n"
+    with pytest.raises(ConfigError, match="needs optimizer type CPU_Adam"):
+        _load(write, zero)
+    cfg = load_config([write("ok.yml", MINIMAL.replace("Adam", "CPU_Adam") + zero)], warn=[])
+    assert deepspeed_config(cfg)["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+def test_no_save_optim_with_zero_3(write):
+    with pytest.raises(ConfigError, match="no_save_optim with ZeRO stage 3"):
+        _load(write, "no_save_optim: true\nzero_optimization: {stage: 3}\n")
+
+
+def test_no_optimizer_section_is_exported(write):
+    cfg = _load(write, "")
+    assert "optimizer" not in deepspeed_config(cfg)
+
+
+def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
+    warn: list[str] = []
+    text = MINIMAL + "precision: bf16\npipe_parallel_size: 1\n"
+    cfg = load_config([write("a.yml", text)], warn=warn)
+    assert any("zero_optimization: {stage: 1}" in w for w in warn)
+    assert "data_types" not in deepspeed_config(cfg)
