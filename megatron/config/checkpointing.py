@@ -40,6 +40,3 @@ class CheckpointingConfig:
 
     no_save_rng: bool = False
     """Do not save RNG states."""
-
-    checkpoint_validation_with_forward_pass: bool = False
-    """After loading, run one forward pass and compare its loss with the saved one."""

@@ -40,51 +40,6 @@ class DataConfig:
     test_label_data_paths: list[str] | None = None
     """Per-token label datasets matching `test_data_paths`."""
 
-    train_reward_data_paths: list[str] | None = None
-    """Reward datasets for KTO training (accepted; KTO training is not implemented yet)."""
-
-    valid_reward_data_paths: list[str] | None = None
-    """Reward datasets for KTO validation."""
-
-    test_reward_data_paths: list[str] | None = None
-    """Reward datasets for KTO testing."""
-
-    pos_train_data_paths: list[str] | None = None
-    """Preferred responses for DPO training (accepted; DPO is not implemented yet)."""
-
-    neg_train_data_paths: list[str] | None = None
-    """Rejected responses for DPO training."""
-
-    pos_valid_data_paths: list[str] | None = None
-    """Preferred responses for DPO validation."""
-
-    neg_valid_data_paths: list[str] | None = None
-    """Rejected responses for DPO validation."""
-
-    pos_test_data_paths: list[str] | None = None
-    """Preferred responses for DPO testing."""
-
-    neg_test_data_paths: list[str] | None = None
-    """Rejected responses for DPO testing."""
-
-    pos_train_label_data_paths: list[str] | None = None
-    """Labels of the preferred DPO training responses."""
-
-    neg_train_label_data_paths: list[str] | None = None
-    """Labels of the rejected DPO training responses."""
-
-    pos_valid_label_data_paths: list[str] | None = None
-    """Labels of the preferred DPO validation responses."""
-
-    neg_valid_label_data_paths: list[str] | None = None
-    """Labels of the rejected DPO validation responses."""
-
-    pos_test_label_data_paths: list[str] | None = None
-    """Labels of the preferred DPO test responses."""
-
-    neg_test_label_data_paths: list[str] | None = None
-    """Labels of the rejected DPO test responses."""
-
     data_impl: Literal["mmap", "cached", "infer"] = "mmap"
     """Indexed dataset implementation; `mmap` (the Megatron/GPT-NeoX format) is read."""
 

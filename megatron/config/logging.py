@@ -46,8 +46,5 @@ class LoggingConfig:
     log_param_norm: bool = False
     """Log the norm of each parameter."""
 
-    log_optimizer_states: bool = False
-    """Log the norms of optimizer states."""
-
     peak_theoretical_tflops: float | None = None
     """Peak TFLOP/s per device for MFU; default from a table of known GPUs."""

@@ -119,12 +119,6 @@ class ModelConfig:
     rope_fusion: bool = False
     """Use the fused CUDA rotary embedding kernel where it applies."""
 
-    bias_gelu_fusion: bool = False
-    """Fuse the MLP bias add into the gelu (TorchScript/compiled elementwise kernel)."""
-
-    bias_dropout_fusion: bool = False
-    """Fuse bias add, dropout and residual add."""
-
     attention_softmax_in_fp32: bool = False
     """Compute the attention softmax in fp32 when training in fp16/bf16."""
 
@@ -154,9 +148,6 @@ class ModelConfig:
 
     profile_backward: bool = False
     """Time the backward pass of checkpointed layers."""
-
-    fp16_lm_cross_entropy: bool = False
-    """Compute the output cross entropy in fp16 instead of fp32."""
 
     padded_vocab_size: int | None = derived()
     """Vocabulary size padded to a multiple of `make_vocab_size_divisible_by` × tensor-parallel

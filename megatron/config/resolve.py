@@ -46,8 +46,8 @@ def _map_neox_keys(
                 )
             value = [setting.value] if wrap and isinstance(setting.value, str) else setting.value
             warn.append(f"config key '{key}' ({setting.source}) is now called '{new}'; mapped")
-            mapped[new] = Setting(value, setting.source)
-        elif key in DERIVED_IN_NEOX and (key not in KEY_TO_GROUP or _is_derived_key(key)):
+            key, setting = new, Setting(value, setting.source)
+        if key in DERIVED_IN_NEOX and (key not in KEY_TO_GROUP or _is_derived_key(key)):
             warn.append(f"config key '{key}' ({setting.source}) is computed, not read; ignored")
         elif key in UNIMPLEMENTED:
             warn.append(

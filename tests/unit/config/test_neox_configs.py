@@ -53,7 +53,7 @@ def test_pythia_style_neox_config():
         [FIXTURES / "pythia-160m-neox.yml"], world_size=8, vocab_size=50277, warn=warn
     )
     assert any("output_layer_parallelism" in w for w in warn)
-    assert cfg.unimplemented == {"output_layer_parallelism": "column"}
+    assert cfg.unimplemented == {"output_layer_parallelism": "column", "bias_gelu_fusion": True}
     m = cfg.model
     assert (m.pos_emb, m.rotary_pct, m.gpt_j_residual) == ("rotary", 0.25, True)
     assert m.layer_attention_types == ("flash",) * 12
@@ -111,6 +111,20 @@ train_data_path valid_data_path test_data_path dataset_impl train_impl pack_impl
 dpo_fp32 precompute_model_name text_gen_type train_label_data_path train_reward_data_path
 pos_train_data_path neg_train_data_path
 """.split()
+
+
+def test_renamed_key_of_an_unimplemented_feature_warns(tmp_path):
+    path = tmp_path / "dpo.yml"
+    path.write_text(
+        (FIXTURES / "neox_guide_example.yml")
+        .read_text()
+        .replace('"split": "949,50,1",', '"split": "949,50,1",\n"pos_train_data_path": "d/pos",')
+    )
+    warn: list[str] = []
+    cfg = load_config([path], warn=warn)
+    assert cfg.unimplemented == {"pos_train_data_paths": ["d/pos"]}
+    assert any("now called 'pos_train_data_paths'" in w for w in warn)
+    assert any("'pos_train_data_paths'" in w and "not implemented" in w for w in warn)
 
 
 def test_neox_vocabulary_is_covered():
