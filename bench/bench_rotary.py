@@ -15,37 +15,20 @@ built extension (`python -m megatron.kernels.build`); exits with a message other
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+from gpu_bench import (  # puts the repo on sys.path
+    DTYPES,
+    missing_gpu_kernel,
+    time_ms,
+    write_results,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from megatron.kernels.rotary import apply_rotary
 
-from megatron.kernels.loader import BUILD_HINT, load_extension  # noqa: E402
-from megatron.kernels.rotary import apply_rotary  # noqa: E402
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 SHAPES = [(2048, 8, 32, 128), (4096, 4, 32, 128), (8192, 2, 16, 64), (16384, 1, 32, 128)]
-
-
-def time_ms(fn, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() over `iters` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def angle_tables(seq: int, rot_dim: int, dtype: torch.dtype):
@@ -114,18 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args(argv)
 
-    if not torch.cuda.is_available():
-        print(
-            "bench_rotary.py: no CUDA GPU (torch.cuda.is_available() is False); this "
-            "benchmark measures GPU kernels, so nothing was measured.",
-            file=sys.stderr,
-        )
-        return 2
-    if load_extension("rotary") is None:
-        print(
-            f"bench_rotary.py: the fused rotary extension is not built; {BUILD_HINT}.",
-            file=sys.stderr,
-        )
+    problem = missing_gpu_kernel("bench_rotary.py", "rotary")
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
 
     dtype = DTYPES[args.dtype]
@@ -138,12 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"{device}, {args.dtype}, torch {torch.__version__}")
     print_table(rows)
-    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
-    out = args.out or REPO / "bench" / "results" / f"rotary_{slug}_{args.dtype}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=device, dtype=args.dtype, torch=torch.__version__, rows=rows)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("rotary", args.dtype, rows, args.out)
     return 0
 
 

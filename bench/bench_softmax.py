@@ -21,39 +21,22 @@ built extension (`python -m megatron.kernels.build`); exits with a message other
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+from gpu_bench import (  # puts the repo on sys.path
+    DTYPES,
+    missing_gpu_kernel,
+    time_ms,
+    write_results,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from megatron.kernels.softmax_cuda import fused_scaled_masked_softmax
+from megatron.kernels.softmax_reference import causal_mask
 
-from megatron.kernels.loader import BUILD_HINT, load_extension  # noqa: E402
-from megatron.kernels.softmax_cuda import fused_scaled_masked_softmax  # noqa: E402
-from megatron.kernels.softmax_reference import causal_mask  # noqa: E402
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ELEMENTS = 2**28  # scores per measurement (512 MiB in 16-bit)
 HEAD_DIM = 128
-
-
-def time_ms(fn, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() over `iters` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def eager_softmax(x, mask, scale):
@@ -163,18 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     args = parser.parse_args(argv)
 
-    if not torch.cuda.is_available():
-        print(
-            "bench_softmax.py: no CUDA GPU (torch.cuda.is_available() is False); this "
-            "benchmark measures GPU kernels, so nothing was measured.",
-            file=sys.stderr,
-        )
-        return 2
-    if load_extension("softmax") is None:
-        print(
-            f"bench_softmax.py: the fused softmax extension is not built; {BUILD_HINT}.",
-            file=sys.stderr,
-        )
+    problem = missing_gpu_kernel("bench_softmax.py", "softmax")
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
 
     dtype = DTYPES[args.dtype]
@@ -182,12 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for seq in args.seqs for row in measure(seq, dtype, args.iters)]
     print(f"{device}, {args.dtype}, torch {torch.__version__}")
     print_table(rows)
-    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
-    out = args.out or REPO / "bench" / "results" / f"softmax_{slug}_{args.dtype}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=device, dtype=args.dtype, torch=torch.__version__, rows=rows)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results("softmax", args.dtype, rows, args.out)
     return 0
 
 
