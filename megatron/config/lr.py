@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,8 +41,26 @@ class LRConfig:
     use_checkpoint_lr_scheduler: bool = False
     """On resume, use the schedule settings stored in the checkpoint."""
 
-    warmup_iters: int = derived(0)
-    """Warm-up iterations (derived from `warmup`)."""
+    warmup_iters: float = derived(0.0)
+    """Warm-up iterations (derived from `warmup`; fractional, as in GPT-NeoX)."""
 
     decay_iters: int = derived(0)
     """Decay iterations (derived)."""
+
+
+def decay_and_warmup_iters(lr: LRConfig, train_iters: int | None) -> tuple[int, float]:
+    """GPT-NeoX's decay length and warm-up: `lr_decay_iters`, else
+    floor(`lr_decay_fraction` × train_iters), else train_iters, at least 1; the warm-up is
+    `warmup` × decay iterations, not rounded (NeoX keeps the fraction). (0, 0.0) while the run
+    length is unknown (`train_epochs`: known only once the data is read)."""
+    if lr.lr_decay_iters is not None:
+        decay = lr.lr_decay_iters
+    elif not train_iters:
+        return 0, 0.0
+    elif lr.lr_decay_fraction is not None:
+        decay = math.floor(train_iters * lr.lr_decay_fraction)
+    else:
+        decay = train_iters
+    decay = max(1, int(decay))
+    warmup = lr.warmup * decay if lr.warmup < 1 else float(int(lr.warmup))
+    return decay, warmup

@@ -1,16 +1,28 @@
 """Learning-rate schedules: warm-up, then one of several decay shapes, floored at `min_lr`.
 
 `AnnealingLR` is stepped by the DeepSpeed engine after every *applied* optimizer step (an
-overflowing fp16 step is skipped and does not advance it), like GPT-NeoX's scheduler. The LR
-for `num_iters` completed steps is
+overflowing fp16 step is skipped and does not advance it), like GPT-NeoX's scheduler. With
+n = `num_iters` completed steps, w = warm-up and D = decay iterations, the LR is
 
-    warm-up   (num_iters <= warmup_iters):  peak × num_iters / warmup_iters
-    otherwise:                              shape(progress) with
-              progress = (num_iters - warmup_iters) / (decay_iters - warmup_iters), in [0, 1]
+    warm-up (w > 0 and n <= w):  peak × n / w
+    otherwise:                   max(min_lr, shape(n - w, D - w))
 
-The decay shapes are classes in `DECAY_STYLES` (one per `lr_decay_style`); `wsd` (warm-up,
-stable, decay) holds the peak and then decays over the last `wsd_decay_fraction` × decay_iters
-iterations with one of the other shapes.
+The shapes of GPT-NeoX's `AnnealingLR` are computed as NeoX computes them, operation for
+operation, so every iteration gives NeoX's value:
+
+    constant     peak
+    linear       peak × (D - w - (n - w)) / (D - w)                   (then clipped at min_lr)
+    cosine       min_lr + (peak - min_lr) / 2 × (cos(π (n - w) / (D - w)) + 1)
+    exponential  peak × exp(-0.693 (n - w) / (D - w))                 (halves over the decay)
+
+NeoX does not stop the clock at D: past the decay, linear and exponential keep falling (so
+sit at `min_lr`) and cosine climbs back towards the peak (its second half-period); set
+`lr_decay_iters` >= train_iters to avoid that. When the warm-up covers the decay (D <= w,
+possible with `warmup` given in iterations) the decay counts as finished.
+
+Our own styles are classes in the same registry: `inverse_sqrt` (Megatron-LM) and `wsd`
+(warm-up, stable, decay), which holds the peak and decays over the last
+`wsd_decay_fraction` × D iterations from the peak to `min_lr` with one of `WSD_TAILS`.
 """
 
 from __future__ import annotations
@@ -19,70 +31,107 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from megatron.config.lr import decay_and_warmup_iters
+
 LN2_NEOX = 0.693  # GPT-NeoX's exponential decay halves the LR over the decay: exp(-0.693 p)
 
 
-class DecayStyle:
-    """Maps decay progress `p` in [0, 1] to a learning rate between `peak` and `min_lr`."""
+def _since_warmup(s: ScheduleSettings) -> tuple[float, float]:
+    """(n - w, D - w): GPT-NeoX's iterations into the decay and decay length; (1, 1), a
+    finished decay, when the warm-up covers it."""
+    span = s.decay_iters - s.warmup_iters
+    if span <= 0:
+        return 1.0, 1.0
+    return s.num_iters - s.warmup_iters, span
 
-    def lr(self, p: float, peak: float, min_lr: float, sched: ScheduleSettings) -> float:
+
+class DecayStyle:
+    """One `lr_decay_style`: the LR after the warm-up, before the `min_lr` floor."""
+
+    def lr(self, s: ScheduleSettings) -> float:
         raise NotImplementedError
 
 
 class Constant(DecayStyle):
     """The peak LR throughout (after warm-up)."""
 
-    def lr(self, p, peak, min_lr, sched):
-        return peak
+    def lr(self, s):
+        return s.peak_lr
 
 
 class Linear(DecayStyle):
-    """Straight line from the peak to `min_lr`."""
+    """GPT-NeoX: a line from the peak to 0 at the end of the decay, clipped at `min_lr` (so
+    `min_lr` > 0 is reached before the end, not interpolated to)."""
 
-    def lr(self, p, peak, min_lr, sched):
-        return min_lr + (peak - min_lr) * (1.0 - p)
+    def lr(self, s):
+        n, span = _since_warmup(s)
+        return s.peak_lr * (span - n) / span
 
 
 class Cosine(DecayStyle):
-    """Half a cosine from the peak to `min_lr`."""
+    """GPT-NeoX: half a cosine from the peak to `min_lr` over the decay."""
 
-    def lr(self, p, peak, min_lr, sched):
-        return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+    def lr(self, s):
+        n, span = _since_warmup(s)
+        return s.min_lr + (s.peak_lr - s.min_lr) / 2.0 * (math.cos(math.pi * n / span) + 1)
 
 
 class Exponential(DecayStyle):
-    """GPT-NeoX's exponential decay: the LR halves over the decay, floored at `min_lr`."""
+    """GPT-NeoX: the LR halves over the decay (exp(-0.693)), clipped at `min_lr`."""
 
-    def lr(self, p, peak, min_lr, sched):
-        return peak * math.exp(-LN2_NEOX * p)
+    def lr(self, s):
+        n, span = _since_warmup(s)
+        return s.peak_lr * math.exp(-LN2_NEOX * n / span)
 
 
 class InverseSqrt(DecayStyle):
     """peak × sqrt(warmup / num_iters) (Megatron-LM), independent of the decay length."""
 
-    def lr(self, p, peak, min_lr, sched):
-        warmup = max(sched.warmup_iters, 1)
-        return peak * math.sqrt(warmup) / math.sqrt(max(sched.num_iters, warmup))
-
-
-class MinusSqrt(DecayStyle):
-    """1 - sqrt(p) from the peak to `min_lr`: the `inverse_sqrt` flavour of the wsd decay."""
-
-    def lr(self, p, peak, min_lr, sched):
-        return min_lr + (peak - min_lr) * (1.0 - math.sqrt(p))
+    def lr(self, s):
+        warmup = max(s.warmup_iters, 1)
+        return s.peak_lr * math.sqrt(warmup) / math.sqrt(max(s.num_iters, warmup))
 
 
 class WarmupStableDecay(DecayStyle):
     """Peak LR until the last `wsd_decay_fraction` × decay_iters iterations, which decay with
-    `wsd_decay_style`."""
+    `wsd_decay_style` from the peak to `min_lr` and then stay there."""
 
-    def lr(self, p, peak, min_lr, sched):
-        window = sched.wsd_decay_fraction * sched.decay_iters
-        start = sched.decay_iters - window
-        if window <= 0 or sched.num_iters <= start:
-            return peak
-        q = min(1.0, (sched.num_iters - start) / window)
-        return WSD_TAILS[sched.wsd_decay_style].lr(q, peak, min_lr, sched)
+    def lr(self, s):
+        window = s.wsd_decay_fraction * s.decay_iters
+        start = s.decay_iters - window
+        if window <= 0 or s.num_iters <= start:
+            return s.peak_lr
+        q = min(1.0, (s.num_iters - start) / window)
+        return WSD_TAILS[s.wsd_decay_style].lr(q, s.peak_lr, s.min_lr)
+
+
+class Tail:
+    """A `wsd` final decay: progress `q` in [0, 1] to an LR from `peak` to `min_lr`."""
+
+    def lr(self, q: float, peak: float, min_lr: float) -> float:
+        raise NotImplementedError
+
+
+class LinearTail(Tail):
+    def lr(self, q, peak, min_lr):
+        return min_lr + (peak - min_lr) * (1.0 - q)
+
+
+class CosineTail(Tail):
+    def lr(self, q, peak, min_lr):
+        return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+class ExponentialTail(Tail):
+    def lr(self, q, peak, min_lr):
+        return peak * math.exp(-LN2_NEOX * q)
+
+
+class MinusSqrtTail(Tail):
+    """1 - sqrt(q): the `inverse_sqrt` flavour of the wsd decay."""
+
+    def lr(self, q, peak, min_lr):
+        return min_lr + (peak - min_lr) * (1.0 - math.sqrt(q))
 
 
 DECAY_STYLES: dict[str, DecayStyle] = {
@@ -94,11 +143,11 @@ DECAY_STYLES: dict[str, DecayStyle] = {
     "wsd": WarmupStableDecay(),
 }
 
-WSD_TAILS: dict[str, DecayStyle] = {
-    "linear": Linear(),
-    "cosine": Cosine(),
-    "exponential": Exponential(),
-    "inverse_sqrt": MinusSqrt(),
+WSD_TAILS: dict[str, Tail] = {
+    "linear": LinearTail(),
+    "cosine": CosineTail(),
+    "exponential": ExponentialTail(),
+    "inverse_sqrt": MinusSqrtTail(),
 }
 
 # Settings that define the curve; on resume they are compared with the checkpoint's.
@@ -111,7 +160,7 @@ class ScheduleSettings:
 
     peak_lr: float
     min_lr: float = 0.0
-    warmup_iters: int = 0
+    warmup_iters: float = 0.0
     decay_iters: int = 0
     decay_style: str = "linear"
     wsd_decay_fraction: float = 0.1
@@ -141,10 +190,8 @@ class ScheduleSettings:
 def lr_at(s: ScheduleSettings) -> float:
     """The learning rate after `s.num_iters` applied steps."""
     if s.warmup_iters > 0 and s.num_iters <= s.warmup_iters:
-        return s.peak_lr * s.num_iters / s.warmup_iters
-    span = s.decay_iters - s.warmup_iters
-    p = 1.0 if span <= 0 else min(1.0, (s.num_iters - s.warmup_iters) / span)
-    return max(s.min_lr, DECAY_STYLES[s.decay_style].lr(p, s.peak_lr, s.min_lr, s))
+        return float(s.peak_lr) * s.num_iters / s.warmup_iters
+    return max(DECAY_STYLES[s.decay_style].lr(s), s.min_lr)
 
 
 class AnnealingLR:
@@ -219,21 +266,17 @@ def schedule_settings_from_config(cfg, train_iters: int | None = None) -> Schedu
     """Settings from `cfg.lr` and `cfg.optimizer.lr`.
 
     `train_iters` gives the run length when it is only known at run time (`train_epochs`):
-    when the config derived no decay length, decay and warm-up are derived from it the way
-    `megatron/config/derive.py` does.
+    when the config derived no decay length, decay and warm-up are derived from it by the
+    same rule as at resolution (`decay_and_warmup_iters`).
     """
     lr = cfg.lr
     decay, warmup = lr.decay_iters, lr.warmup_iters
     if train_iters is not None and not decay:
-        if lr.lr_decay_fraction is not None:
-            decay = int(lr.lr_decay_fraction * train_iters)
-        else:
-            decay = train_iters
-        warmup = int(lr.warmup * decay) if lr.warmup < 1 else int(lr.warmup)
+        decay, warmup = decay_and_warmup_iters(lr, train_iters)
     return ScheduleSettings(
         peak_lr=float(cfg.optimizer.lr),
         min_lr=float(lr.min_lr),
-        warmup_iters=int(warmup),
+        warmup_iters=float(warmup),
         decay_iters=int(decay),
         decay_style=lr.lr_decay_style,
         wsd_decay_fraction=float(lr.wsd_decay_fraction),
