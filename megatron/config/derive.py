@@ -11,12 +11,7 @@ import dataclasses
 
 from megatron.config.config import Config
 from megatron.config.lr import decay_and_warmup_iters
-from megatron.config.optimizer import (
-    NEOX_DEFAULT_LR,
-    NEOX_DEFAULT_OPTIMIZER,
-    NEOX_DEFAULT_PARAMS,
-    OPTIMIZER_TYPES,
-)
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.config.schema import ConfigError
 
 
@@ -67,7 +62,7 @@ def derive_parallel(cfg: Config, sources: dict[str, str], world_size: int | None
     )
 
 
-def derive_batch(cfg: Config, sources: dict[str, str], dp: int, training: bool = True):
+def derive_batch(cfg: Config, sources: dict[str, str], dp: int):
     t = cfg.training
     gbs, mbs, gas = (
         t.train_batch_size,
@@ -79,8 +74,6 @@ def derive_batch(cfg: Config, sources: dict[str, str], dp: int, training: bool =
         if value is not None and value < 1:
             raise ConfigError(f"{key}{_src(sources, key)} must be >= 1, got {value}")
     if gbs is None and mbs is None:
-        if not training:
-            return t  # generate.py/eval.py: no training batch to size
         raise ConfigError(
             "set train_micro_batch_size_per_gpu or train_batch_size (global batch = micro batch "
             "× gradient_accumulation_steps × data-parallel size)"
@@ -152,11 +145,10 @@ def _number(value):
     return value
 
 
-def derive_optimizer(cfg: Config, sources: dict[str, str], warn: list[str], training: bool):
-    """Canonical type, lr and params; GPT-NeoX's defaults (with a warning) for what is unset."""
+def derive_optimizer(cfg: Config, sources: dict[str, str]):
     o = cfg.optimizer
-    section = o.optimizer or {}
-    raw_type = str(section.get("type", NEOX_DEFAULT_OPTIMIZER))
+    section = o.optimizer or {"type": "Adam", "params": {}}
+    raw_type = str(section.get("type", "Adam"))
     canonical = {t.lower(): t for t in OPTIMIZER_TYPES}.get(raw_type.lower())
     if canonical is None:
         raise ConfigError(
@@ -167,30 +159,9 @@ def derive_optimizer(cfg: Config, sources: dict[str, str], warn: list[str], trai
     params = {k: _number(v) for k, v in (section.get("params") or {}).items()}
     lr = o.lr if o.lr is not None else params.get("lr")
     params.pop("lr", None)
-    defaulted = []
-    if o.optimizer is None:
-        params = dict(NEOX_DEFAULT_PARAMS)
-        defaulted.append(f"optimizer {NEOX_DEFAULT_OPTIMIZER} ({params})")
-    elif "type" not in section:
-        defaulted.append(f"optimizer.type {NEOX_DEFAULT_OPTIMIZER}")
     if lr is None:
-        lr = NEOX_DEFAULT_LR
-        defaulted.append(f"lr {NEOX_DEFAULT_LR}")
-    if defaulted and training:
-        warn.append(
-            f"the config sets no {' and no '.join(d.split()[0] for d in defaulted)}: using "
-            f"GPT-NeoX's default {', '.join(defaulted)}{_src(sources, 'optimizer')}"
-        )
+        raise ConfigError("no learning rate: set optimizer.params.lr (or lr)")
     return dataclasses.replace(o, lr=float(lr), optimizer_type=canonical, optimizer_params=params)
-
-
-def derive_generation(cfg: Config):
-    """GPT-NeoX's `text_gen_type` default: input-file when a sample_input_file is given."""
-    g = cfg.generation
-    if g.text_gen_type is not None:
-        return g
-    kind = "input-file" if g.sample_input_file else "unconditional"
-    return dataclasses.replace(g, text_gen_type=kind)
 
 
 def derive_lr(cfg: Config, sources: dict[str, str]):
@@ -235,11 +206,8 @@ def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
         types = expand_attention_config(
             m.attention_config, m.num_layers, _src(sources, "attention_config")
         )
-    # GPT-NeoX's fused bias-GeLU kernel is the tanh approximation, not exact GeLU.
-    fused_gelu = m.bias_gelu_fusion and m.activation == "gelu"
     return dataclasses.replace(
         m,
-        activation="gelu_tanh" if fused_gelu else m.activation,
         padded_vocab_size=padded,
         layer_attention_types=types,
         max_position_embeddings=m.max_position_embeddings or m.seq_length,
@@ -253,15 +221,13 @@ def derive(
     world_size: int | None,
     vocab_size: int | None,
     warn: list[str],
-    training: bool = True,
 ) -> Config:
     cfg = dataclasses.replace(cfg, parallel=derive_parallel(cfg, sources, world_size))
     cfg = dataclasses.replace(
         cfg,
-        training=derive_batch(cfg, sources, cfg.parallel.data_parallel_size, training),
+        training=derive_batch(cfg, sources, cfg.parallel.data_parallel_size),
         precision=derive_precision(cfg, sources, warn),
-        optimizer=derive_optimizer(cfg, sources, warn, training),
-        generation=derive_generation(cfg),
+        optimizer=derive_optimizer(cfg, sources),
     )
     return dataclasses.replace(
         cfg, lr=derive_lr(cfg, sources), model=derive_model(cfg, sources, vocab_size)
