@@ -9,7 +9,8 @@ from typing import Literal
 @dataclass(frozen=True)
 class LauncherConfig:
     launcher: Literal["pdsh", "openmpi", "mvapich", "mpich", "impi", "slurm", "jsrun"] = "pdsh"
-    """Multi-node launcher of the DeepSpeed runner."""
+    """Multi-node backend of the DeepSpeed runner (case-insensitive). `jsrun` (LSF) is GPT-NeoX
+    vocabulary that DeepSpeed's runner has no backend for: refused before launch."""
 
     deepspeed_slurm: bool = False
     """Workers take rank, world size and master address from SLURM's environment."""
@@ -18,7 +19,7 @@ class LauncherConfig:
     """Workers take rank and world size from the MPI environment (OpenMPI, MPICH, MVAPICH)."""
 
     hostfile: str | None = None
-    """DeepSpeed hostfile (`host slots=N` per line)."""
+    """DeepSpeed hostfile (`host slots=N` per line); null: the local machine only."""
 
     include: str | None = None
     """Hosts/devices to use, e.g. `worker-0:0,1@worker-1`."""
@@ -30,13 +31,13 @@ class LauncherConfig:
     """Nodes to use from the hostfile (-1: all)."""
 
     num_gpus: int | None = None
-    """Workers per node (GPUs; CPU ranks without GPUs, default 1)."""
+    """Workers per node; null: every GPU, or 1 CPU rank on a machine without GPUs."""
 
     master_port: int = 29500
     """Rendezvous port."""
 
     master_addr: str | None = None
-    """Rendezvous address (default: the first host)."""
+    """Rendezvous address of rank 0; null: 127.0.0.1 locally, else the first host."""
 
     force_multi: bool = False
     """Use the multi-node launcher even for one node."""

@@ -1,26 +1,39 @@
 """The launcher settings as the runner code sees them, validated once.
 
+`LauncherSettings` is the `launcher` config group (`megatron/config/launcher.py` defines the
+fields, their types and defaults) plus the checks the runner needs, so the launcher works
+from a bare `LauncherSettings(num_gpus=2)` without loading a config.
 `LauncherSettings.from_config(obj)` accepts anything with the GPT-NeoX launcher attribute
 names (`cfg.launcher`, a `types.SimpleNamespace`, a dict); a missing attribute takes the
-default below. Keys are named in errors exactly as users write them in config files.
+default. Keys are named in errors exactly as users write them in config files.
 """
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Literal, Union
 
+from megatron.config.launcher import LauncherConfig
+from megatron.config.schema import field_types
 from megatron.launcher.errors import LauncherError
 
-# The `--launcher` values DeepSpeed 0.19.8's runner accepts (deepspeed/launcher/constants.py).
-RUNNER_LAUNCHERS = ("pdsh", "openmpi", "mvapich", "slurm", "mpich", "impi")
-# Launchers whose workers get their rank from the MPI runtime, not from DeepSpeed's launch.py.
-MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich", "impi")
 # Values GPT-NeoX (with DeeperSpeed) accepted that DeepSpeed 0.19.8 has no backend for.
 UNSUPPORTED_LAUNCHERS = {
     "jsrun": "DeepSpeed 0.19.8's runner has no jsrun (LSF) backend; DeeperSpeed's had one",
 }
-DEFAULT_MASTER_PORT = 29500
+# The config's `launcher` values that DeepSpeed 0.19.8's runner accepts as `--launcher`
+# (deepspeed/launcher/constants.py): pdsh, openmpi, mvapich, mpich, impi, slurm.
+RUNNER_LAUNCHERS = tuple(
+    name
+    for name in typing.get_args(field_types(LauncherConfig)["launcher"])
+    if name not in UNSUPPORTED_LAUNCHERS
+)
+# Launchers whose workers get their rank from the MPI runtime, not from DeepSpeed's launch.py.
+MPI_LAUNCHERS = ("openmpi", "mvapich", "mpich", "impi")
+DEFAULT_MASTER_PORT = LauncherConfig.master_port
 
 # Where the workers of each mode find their rank (see megatron.launcher.environment).
 WORKER_ENV_LAUNCH = "launch"  # RANK/LOCAL_RANK/WORLD_SIZE set by deepspeed.launcher.launch
@@ -29,53 +42,12 @@ WORKER_ENV_MPI = "mpi"  # OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_*
 
 
 @dataclass(frozen=True)
-class LauncherSettings:
-    """How the DeepSpeed runner starts the workers (the `launcher` config group)."""
+class LauncherSettings(LauncherConfig):
+    """The `launcher` config group, validated for the runner.
 
-    launcher: str = "pdsh"
-    """Multi-node backend: pdsh, openmpi, mvapich, slurm, mpich or impi (case-insensitive)."""
-
-    deepspeed_slurm: bool = False
-    """Workers take rank, world size and master address from SLURM's environment."""
-
-    deepspeed_mpi: bool = False
-    """Workers take rank and world size from the MPI runtime's environment."""
-
-    hostfile: str | None = None
-    """DeepSpeed hostfile, one `host slots=N` per line; None: local machine only."""
-
-    include: str | None = None
-    """Hosts/slots to use, `NAME[:SLOT[,SLOT...]][@NAME...]`, e.g. `worker-0:0,1@worker-1`."""
-
-    exclude: str | None = None
-    """Hosts/slots to leave out, same syntax as `include`."""
-
-    num_nodes: int = -1
-    """Use the first N hosts of the hostfile; -1: all."""
-
-    num_gpus: int | None = None
-    """Workers per node; None: every GPU, or 1 CPU rank on a machine without GPUs."""
-
-    master_port: int = DEFAULT_MASTER_PORT
-    """Rendezvous TCP port of rank 0."""
-
-    master_addr: str | None = None
-    """Rendezvous address of rank 0; None: 127.0.0.1 locally, else the first host."""
-
-    comment: str | None = None
-    """SLURM job comment, passed to srun as `--comment`."""
-
-    account: str | None = None
-    """SLURM account, passed to srun as `--account`."""
-
-    force_multi: bool = False
-    """Use the multi-node backend even for a single host (e.g. one remote node)."""
-
-    no_ssh_check: bool = False
-    """Skip the runner's passwordless-ssh check of the first host."""
-
-    launcher_args: str | None = None
-    """Extra arguments for pdsh/srun/mpirun, one shell-quoted string."""
+    Its fields, defaults and their documentation are `LauncherConfig`'s (one definition);
+    this class adds the checks and the values the runner code derives from them.
+    """
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -154,27 +126,18 @@ class LauncherSettings:
         return WORKER_ENV_LAUNCH
 
 
-_TYPES = {
-    "launcher": (str,),
-    "deepspeed_slurm": (bool,),
-    "deepspeed_mpi": (bool,),
-    "hostfile": (str, type(None)),
-    "include": (str, type(None)),
-    "exclude": (str, type(None)),
-    "num_nodes": (int,),
-    "num_gpus": (int, type(None)),
-    "master_port": (int,),
-    "master_addr": (str, type(None)),
-    "comment": (str, type(None)),
-    "account": (str, type(None)),
-    "force_multi": (bool,),
-    "no_ssh_check": (bool,),
-    "launcher_args": (str, type(None)),
-}
+def _allowed_types(annotation: object) -> tuple[type, ...]:
+    """The Python types a value of a field annotation may have (a Literal's: its values')."""
+    if typing.get_origin(annotation) is Literal:
+        return tuple(dict.fromkeys(type(a) for a in typing.get_args(annotation)))
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return tuple(t for arg in typing.get_args(annotation) for t in _allowed_types(arg))
+    return (annotation,)
 
 
 def _check_types(settings: LauncherSettings) -> None:
-    for key, allowed in _TYPES.items():
+    for key, annotation in field_types(LauncherConfig).items():
+        allowed = _allowed_types(annotation)
         value = getattr(settings, key)
         # bool is an int subclass: `num_gpus: true` is a mistake, not 1.
         wrong_bool = isinstance(value, bool) and bool not in allowed

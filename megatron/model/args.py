@@ -1,72 +1,81 @@
-"""`ModelArgs`: every setting the model reads, as explicit fields, and its config adapter.
+"""`ModelArgs`: every setting the model reads, and its config adapter.
 
-The model code takes a `ModelArgs`, never the whole config, so it can be built in tests and
-tools without the config system. `ModelArgs.from_config(cfg)` reads the resolved config's
-`model`, `parallel` and `training` groups (duck-typed: a `types.SimpleNamespace` with those
-attributes works too). Field meanings are the config keys' (see `megatron/config/model.py`).
+The model code takes a `ModelArgs`, never the whole config, so tests and tools build models
+without loading or resolving a config file. Its fields are not written here: they are the
+config groups' own fields, with the same names, types and defaults, so each is defined once:
+every field of `ModelConfig` (`megatron/config/model.py`) except the few in `CONFIG_ONLY`,
+and the keys of other groups named in `OTHER_GROUPS` (pipeline layout, sequence parallelism,
+seed). A new model key is added to `ModelConfig` only and reaches the model as `args.<key>`.
+Only values the model reads in another form than the config states are declared here
+(`vocab_size`, `softmax_fusion`).
+
+`ModelArgs(num_layers=..., hidden_size=..., num_attention_heads=..., vocab_size=...,
+seq_length=..., **other_keys)` takes keyword arguments only. `ModelArgs.from_config(cfg)` reads
+a resolved config's `model`, `parallel` and `training` groups (duck-typed: a
+`types.SimpleNamespace` with those attributes works too; a missing attribute keeps the default).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass
+
+from megatron.config.model import ModelConfig
+from megatron.config.parallel import ParallelConfig
+from megatron.config.schema import field_types
+from megatron.config.training import TrainingConfig
+
+# `ModelConfig` keys the model reads in another form (the value: the ModelArgs field).
+CONFIG_ONLY = {
+    "attention_config": "layer_attention_types",  # expanded per layer at resolution
+    "scaled_upper_triang_masked_softmax_fusion": "softmax_fusion",
+    "scaled_masked_softmax_fusion": "softmax_fusion",
+    "padded_vocab_size": "vocab_size",
+}
+# Keys of other groups that the model reads, by the group's attribute name on the config.
+OTHER_GROUPS = {
+    "parallel": (
+        ParallelConfig,
+        ("pipe_parallel_size", "pipe_partition_method", "sequence_parallel"),
+    ),
+    "training": (TrainingConfig, ("seed",)),
+}
+# Keys that are null in a config until set, and without which no model can be built.
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 
 
-@dataclass(frozen=True)
-class ModelArgs:
-    """Architecture and model-side parallel settings of one GPT model."""
+def _config_fields() -> tuple[list[tuple], dict[str, str]]:
+    """The ModelArgs fields taken from the config groups, and each one's group attribute."""
+    sources = [("model", ModelConfig, None), *((g, c, n) for g, (c, n) in OTHER_GROUPS.items())]
+    specs, group_of = [], {}
+    for group, cls, names in sources:
+        types = field_types(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in CONFIG_ONLY or (names is not None and f.name not in names):
+                continue
+            if f.name in REQUIRED:
+                specs.append((f.name, types[f.name]))
+            else:
+                specs.append((f.name, types[f.name], dataclasses.field(default=f.default)))
+            group_of[f.name] = group
+    return specs, group_of
 
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    vocab_size: int
-    """Rows of the embedding and output head: the padded vocabulary, divisible by tp."""
-    seq_length: int
-    max_position_embeddings: int | None = None
-    num_kv_heads: int | None = None
-    norm: str = "layernorm"
-    layernorm_epsilon: float = 1.0e-5
-    rms_norm_epsilon: float = 1.0e-8
-    scalenorm_epsilon: float = 1.0e-8
-    pos_emb: str = "learned"
-    rotary_pct: float = 1.0
-    rotary_emb_base: int = 10000
-    no_weight_tying: bool = False
-    gpt_j_residual: bool = False
-    gpt_j_tied: bool = False
-    activation: str = "gelu"
-    intermediate_size: int | None = None
-    mlp_multiple_of: int = 1
-    init_method: str = "normal"
-    output_layer_init_method: str = "scaled_normal"
-    init_method_std: float = 0.02
-    use_bias_in_norms: bool = True
-    use_bias_in_attn_linear: bool = True
-    use_bias_in_mlp: bool = True
-    use_qk_layernorm: bool = False
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    layer_attention_types: tuple[str, ...] = ()
-    """One of `global`/`flash`/`sdpa` per layer; empty means all `global`."""
-    softmax_fusion: bool = False
-    """`global` layers use the fused scale-mask-softmax path (kernel when available)."""
-    rope_fusion: bool = False
-    attention_softmax_in_fp32: bool = False
-    apply_query_key_layer_scaling: bool = False
-    checkpoint_activations: bool = False
-    checkpoint_num_layers: int = 1
-    partition_activations: bool = False
-    contiguous_checkpointing: bool = False
-    checkpoint_in_cpu: bool = False
-    synchronize_each_layer: bool = False
-    profile_backward: bool = False
-    sequence_parallel: bool = False
-    pipe_parallel_size: int = 0
-    pipe_partition_method: str = "type:transformer|mlp"
-    seed: int = 1234
-    """Base seed of the weights: layer `i` of the spec list is built from `seed + i`, so the
-    same seed gives the same full model at any tensor/pipeline layout."""
+
+_CONFIG_FIELDS, _GROUP_OF = _config_fields()
+
+
+_DOC = """Architecture and model-side parallel settings of one GPT model.
+
+Beyond the config keys (see the module docstring): `vocab_size` is the padded vocabulary (rows
+of the embedding and the output head, divisible by the tensor-parallel size); `softmax_fusion`
+says that `global` layers use the fused scale-mask-softmax path (the kernel where available);
+an empty `layer_attention_types` means all `global`. Layer `i` of the spec list is initialised
+from `seed + i`, so one seed gives the same full model at any tensor/pipeline layout.
+"""
+
+
+class _ModelArgsMethods:
+    """Validation, derived values and the config adapter of `ModelArgs` (its base class)."""
 
     def __post_init__(self):
         for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
@@ -110,30 +119,46 @@ class ModelArgs:
         return self.layer_attention_types[layer_index] if self.layer_attention_types else "global"
 
     @classmethod
-    def from_config(cls, cfg) -> ModelArgs:
+    def from_config(cls, cfg):
         """Read `cfg.model`, `cfg.parallel` and `cfg.training` (attribute access only)."""
-        m, par = cfg.model, cfg.parallel
-        if m.padded_vocab_size is None:
+        m = cfg.model
+        if getattr(m, "padded_vocab_size", None) is None:
             raise ValueError(
                 "cfg.model.padded_vocab_size is not set: resolve the config with the "
                 "tokenizer's vocab_size (config_from_dict(..., vocab_size=V)) before building "
                 "the model"
             )
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: getattr(m, k) for k in names if hasattr(m, k)}
+        values = {}
+        for name, group in _GROUP_OF.items():
+            source = getattr(cfg, group, None)
+            if hasattr(source, name):
+                values[name] = getattr(source, name)
         values.update(
             vocab_size=m.padded_vocab_size,
-            layer_attention_types=tuple(getattr(m, "layer_attention_types", ()) or ()),
+            layer_attention_types=tuple(values.get("layer_attention_types") or ()),
             softmax_fusion=bool(
                 getattr(m, "scaled_upper_triang_masked_softmax_fusion", False)
                 or getattr(m, "scaled_masked_softmax_fusion", False)
             ),
-            sequence_parallel=bool(getattr(par, "sequence_parallel", False)),
-            pipe_parallel_size=par.pipe_parallel_size,
-            pipe_partition_method=getattr(par, "pipe_partition_method", cls.pipe_partition_method),
-            seed=getattr(getattr(cfg, "training", None), "seed", cls.seed),
         )
         return cls(**values)
+
+
+ModelArgs = dataclasses.make_dataclass(
+    "ModelArgs",
+    [
+        ("vocab_size", int),
+        *_CONFIG_FIELDS,
+        ("softmax_fusion", bool, dataclasses.field(default=False)),
+    ],
+    bases=(_ModelArgsMethods,),
+    frozen=True,
+    kw_only=True,
+    namespace={
+        "__module__": __name__,
+        "__doc__": _DOC,
+    },
+)
 
 
 def choose(registry: dict, key: str, value: str):

@@ -1,9 +1,11 @@
 """LauncherSettings: duck-typed construction and errors that name the key and valid values."""
 
+from dataclasses import asdict, fields
 from types import SimpleNamespace
 
 import pytest
 
+from megatron.config.launcher import LauncherConfig
 from megatron.launcher import RUNNER_LAUNCHERS, LauncherError, LauncherSettings
 from megatron.launcher.settings import WORKER_ENV_LAUNCH, WORKER_ENV_MPI, WORKER_ENV_SLURM
 
@@ -76,3 +78,21 @@ def test_jsrun_explains_why():
 def test_bad_values_name_the_key(kwargs, message):
     with pytest.raises(LauncherError, match=message.replace("(", r"\(")):
         LauncherSettings(**kwargs)
+
+
+def test_settings_are_the_launcher_config_group():
+    # One definition: the launcher's settings are the config group's fields and defaults, and a
+    # resolved config's group converts with every value kept.
+    assert issubclass(LauncherSettings, LauncherConfig)
+    assert [f.name for f in fields(LauncherSettings)] == [f.name for f in fields(LauncherConfig)]
+    assert LauncherSettings() == LauncherSettings.from_config(LauncherConfig())
+    group = LauncherConfig(launcher="slurm", deepspeed_slurm=True, num_gpus=4, master_port=1234)
+    assert asdict(LauncherSettings.from_config(group)) == asdict(group)
+
+
+def test_runner_launchers_are_deepspeeds_backends():
+    # The config vocabulary less the refused values is exactly what DeepSpeed's runner accepts.
+    from deepspeed.launcher import constants
+
+    backends = {v for k, v in vars(constants).items() if k.endswith("_LAUNCHER")}
+    assert set(RUNNER_LAUNCHERS) == backends

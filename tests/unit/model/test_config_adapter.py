@@ -1,14 +1,18 @@
-"""`build_model(cfg)` reads the resolved config: the keys reach the model."""
+"""`build_model(cfg)` reads the resolved config: the keys reach the model, defined once."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 import torch
 
-from megatron.config import config_from_dict
+from megatron.config import GROUPS, KEY_TO_GROUP, config_from_dict
+from megatron.config.model import ModelConfig
+from megatron.config.schema import field_types
 from megatron.model import ModelArgs, build_model
+from megatron.model.args import CONFIG_ONLY, REQUIRED
 from megatron.model.attention_backends import FusedSoftmaxAttention, SDPAAttention
 from megatron.model.transformer import TransformerLayer
 
@@ -79,3 +83,43 @@ def test_unresolved_vocabulary_is_reported():
     cfg = ns(model=ns(num_layers=1, padded_vocab_size=None), parallel=ns(pipe_parallel_size=0))
     with pytest.raises(ValueError, match="padded_vocab_size"):
         build_model(cfg)
+
+
+def test_every_model_key_is_defined_once_and_reaches_the_model():
+    # ModelArgs takes its fields from the config groups: same type and default, and every
+    # ModelConfig key is either a ModelArgs field or read into one in another form.
+    own = {"vocab_size", "softmax_fusion"}
+    args_fields = {f.name: f for f in dataclasses.fields(ModelArgs)}
+    for name in set(args_fields) - own:
+        group = GROUPS[KEY_TO_GROUP[name]]
+        config_field = {f.name: f for f in dataclasses.fields(group)}[name]
+        assert args_fields[name].type == field_types(group)[name], name
+        if name in REQUIRED:
+            assert args_fields[name].default is dataclasses.MISSING
+        else:
+            assert args_fields[name].default == config_field.default, name
+    for f in dataclasses.fields(ModelConfig):
+        assert f.name in args_fields or CONFIG_ONLY[f.name] in args_fields, f.name
+
+
+def test_config_values_reach_the_model_args():
+    cfg = config_from_dict(
+        {
+            **BASE,
+            "pipe_parallel_size": 2,
+            "pipe_partition_method": "uniform",
+            "norm": "rmsnorm",
+            "rotary_pct": 0.25,
+            "pos_emb": "rotary",
+            "intermediate_size": 96,
+            "checkpoint_activations": True,
+            "seed": 7,
+        },
+        world_size=2,
+        vocab_size=100,
+    )
+    args = ModelArgs.from_config(cfg)
+    for f in dataclasses.fields(ModelArgs):
+        if f.name not in ("vocab_size", "softmax_fusion"):
+            assert getattr(args, f.name) == cfg.get(f.name), f.name
+    assert (args.pipe_parallel_size, args.pipe_partition_method, args.seed) == (2, "uniform", 7)
