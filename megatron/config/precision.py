@@ -25,7 +25,9 @@ class PrecisionConfig:
     """All-reduce gradients in fp32."""
 
     max_consecutive_skipped_steps: int = 50
-    """Stop the run with an explanation after this many consecutive overflowing fp16 steps."""
+    """Stop the run with an explanation (non-zero exit, naming the iteration) after this many
+    consecutive skipped optimizer steps, in any precision. A step is skipped, leaving weights
+    and optimizer state untouched, when fp16 overflows or the loss or gradient norm is inf/NaN."""
 
     dtype: Literal["fp16", "bf16", "fp32"] = derived("fp32")
     """Resolved parameter dtype (derived)."""
