@@ -1,6 +1,15 @@
-"""Blending several datasets by weight, exact in proportion over every prefix of the run."""
+"""Blending several datasets by weight, as GPT-NeoX blends them.
+
+Each dataset is built for `neox_num_samples` samples (its share of the run plus 0.5%, which
+fixes how many epochs its index spans and so its shuffle), and the blend takes sample i from
+the dataset whose share lags its weight the most (GPT-NeoX's `build_blending_indices`), so
+after any n samples dataset d has supplied weights[d] * n of them, within one. The same
+config, data and seed therefore give GPT-NeoX's sample sequence.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -28,26 +37,37 @@ def weights_by_num_docs(doc_counts, alpha: float) -> list[float]:
     return normalize_weights([t * (1 - p) for t, p in zip(tempered, probs)], "blending weights")
 
 
+# GPT-NeoX builds each blended dataset 0.5% larger than its share of the run.
+NEOX_OVERSAMPLE = 1.005
+
+
+def neox_num_samples(weights, num_samples: int) -> list[int]:
+    """Samples each dataset of a blend is built for: ceil(num_samples × w × 1.005) for the
+    normalised weights `weights` (GPT-NeoX's `get_normalized_weights_and_num_samples`)."""
+    return [int(math.ceil(num_samples * w * NEOX_OVERSAMPLE)) for w in weights]
+
+
 def blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset of each sample uint8[size], its index in that dataset int64[size])."""
     return index_helpers().build_blending_indices(np.asarray(weights, np.float64), size)
 
 
 class BlendableDataset:
-    """`size` samples drawn from `datasets` so that after any n samples dataset d has supplied
-    weights[d] * n of them, within one. Each dataset is read in its own (shuffled) order."""
+    """The first `size` samples of the blend of `datasets` by `weights` (GPT-NeoX's
+    `BlendableDataset`, whose length is the datasets' total: a run reads only this prefix,
+    which does not depend on the total). Each dataset is read in its own (shuffled) order."""
 
-    def __init__(self, datasets, weights, size: int, indices=None):
-        """`indices`: the (dataset_index, dataset_sample_index) pair of `blending_indices`,
-        when the caller computed it already (to size the datasets)."""
+    def __init__(self, datasets, weights, size: int):
         if len(datasets) != len(weights):
             raise ValueError(f"{len(datasets)} datasets but {len(weights)} weights")
+        normalize_weights(weights)  # raises on negative or all-zero weights
+        # GPT-NeoX normalises the (already normalised) weights once more, in numpy.
+        w = np.array(weights, dtype=np.float64)
+        w /= np.sum(w)
         self.datasets = list(datasets)
-        self.weights = normalize_weights(weights)
+        self.weights = w.tolist()
         self.size = int(size)
-        if indices is None:
-            indices = blending_indices(self.weights, self.size)
-        self.dataset_index, self.dataset_sample_index = indices
+        self.dataset_index, self.dataset_sample_index = blending_indices(w, self.size)
         needed = np.bincount(self.dataset_index, minlength=len(self.datasets))
         for dataset, n in zip(self.datasets, needed):
             if len(dataset) < n:

@@ -15,7 +15,7 @@ import numpy as np
 
 from megatron.data.blendable_dataset import (
     BlendableDataset,
-    blending_indices,
+    neox_num_samples,
     normalize_weights,
     weights_by_num_docs,
 )
@@ -140,17 +140,16 @@ def _build_explicit(name: str, num_samples: int, settings: DataSettings):
             f"{len(prefixes)}"
         )
     weights = normalize_weights(weights, f"{name}_data_weights")
-    indices, counts = None, [num_samples]
-    if len(prefixes) > 1:  # size each dataset by what the blend will draw from it
-        indices = blending_indices(weights, num_samples)
-        counts = np.bincount(indices[0], minlength=len(prefixes)).tolist()
+    # GPT-NeoX sizes every dataset of explicit paths as a blend, a lone one too: its share
+    # plus 0.5%, which sets its epochs and so its shuffle.
+    counts = neox_num_samples(weights, num_samples)
     datasets = [
         _gpt(name, ds, np.arange(len(ds), dtype=np.int32), n, settings, label, prefix)
         for ds, label, n, prefix in zip(indexed, label_sets, counts, prefixes)
     ]
-    if len(datasets) == 1:
+    if len(datasets) == 1:  # a blend of one reads it in order
         return datasets[0]
-    return BlendableDataset(datasets, weights, num_samples, indices)
+    return BlendableDataset(datasets, weights, num_samples)
 
 
 def _build_from_split(num_samples: list[int], settings: DataSettings):
