@@ -1,95 +1,106 @@
 """Model FLOPs per token, throughput, TFLOP/s per device and MFU.
 
-FLOPs count matrix multiplies only (2 per multiply-add), from the model shape:
+What is counted: the matrix multiplies of the model that is really built (2 FLOPs per
+multiply-add), read from its `ModelArgs` (`megatron/model/args.py`), so the widths are the
+built layers' own: the MLP's inner width is `mlp_inner_size` (GPT-NeoX's gated rule
+`int(2/3 · intermediate_size) // 2` per branch, rounded to `mlp_multiple_of`), key/value
+projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary's rows:
 
     per layer and token, forward:
-        QKV projection      2 · h · (h + 2 · h_kv)           h_kv = kv_heads · head_dim
-        scores and mixing   2 · 2 · s · h                     (full s × s, as PaLM and Megatron)
-        output projection   2 · h · h
-        MLP                 2 · h · f · (3 if gated else 2)
-    logits                  2 · h · V
+        QKV projection      2 · h · (nq + 2 · nkv) · d       d = head dim
+        scores and mixing   2 · 2 · s · nq · d                (full s × s: see below)
+        output projection   2 · nq · d · h
+        MLP                 2 · h · f · (3 if gated else 2)   f = inner width per branch
+    logits                  2 · h · V_padded
 
-A training step costs 3× the forward (backward = 2× forward): the PaLM-style
-"6N + attention" model FLOPs. Activation recomputation is not counted (model FLOPs, not
-hardware FLOPs), so MFU is comparable between runs with and without it.
+Causal attention is counted in full (the whole `s × s` score matrix), as Megatron, GPT-NeoX
+and PaLM's MFU do and as `torch.utils.flop_counter` counts both explicit-softmax attention and
+`scaled_dot_product_attention`; it is not halved for the causal mask. Tied or untied heads
+cost the same; embedding lookups, norms, rotary/ALiBi, activations and the loss are not
+matmuls and are not counted.
+
+A training step costs 3× the forward (backward = 2× forward). Activation recomputation is not
+counted: these are model FLOPs, not hardware FLOPs (PaLM's definition of MFU), so MFU is
+comparable between runs with and without checkpointing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-GATED_ACTIVATIONS = ("geglu", "swiglu", "reglu")
+import torch
 
-# Dense peak TFLOP/s per device: bf16/fp16 tensor cores, and fp32 as TF32 tensor cores.
-# Matched against torch.cuda.get_device_name() in this order (first match wins).
-PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}),
-    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0}),
-    ("H100", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}),
-    ("GH200", {"bf16": 989.0, "fp16": 989.0, "fp32": 494.0}),
-    ("B200", {"bf16": 2250.0, "fp16": 2250.0, "fp32": 1100.0}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
-    ("A800", {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}),
-    ("A10G", {"bf16": 70.0, "fp16": 70.0, "fp32": 35.0}),
-    ("L40S", {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0}),
-    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0}),
-    ("A6000", {"bf16": 155.0, "fp16": 155.0, "fp32": 77.0}),
-    ("V100", {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7}),
-    ("MI300X", {"bf16": 1307.0, "fp16": 1307.0, "fp32": 654.0}),
-    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7}),
+from megatron.model.activations import build_activation
+from megatron.model.args import ModelArgs
+from megatron.model.mlp import mlp_inner_size
+
+# Dense (no 2:4 sparsity) peak TFLOP/s per device by matmul precision: bf16/fp16 tensor
+# cores, TF32 tensor cores, and IEEE fp32. Matched against torch.cuda.get_device_name() in this
+# order (first match wins). None: the device has no such path (V100 bf16) or no published
+# figure we trust; MFU is then omitted.
+PEAK_TFLOPS: list[tuple[str, dict[str, float | None]]] = [
+    ("H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("GH200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("B200", {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 80.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("A800", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("A10G", {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": None}),
+    ("L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("A6000", {"bf16": 155.0, "fp16": 155.0, "tf32": 77.0, "fp32": 38.7}),
+    ("V100", {"bf16": None, "fp16": 125.0, "tf32": None, "fp32": 15.7}),
+    ("MI300X", {"bf16": 1307.0, "fp16": 1307.0, "tf32": 654.0, "fp32": 163.0}),
+    ("MI250X", {"bf16": 383.0, "fp16": 383.0, "tf32": 95.7, "fp32": 95.7}),
 ]
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the FLOPs count needs to know about the model."""
+    """The matmul widths of a built model (derived from its `ModelArgs`, never set apart)."""
 
     num_layers: int
     hidden_size: int
     num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
     seq_length: int
     vocab_size: int
-    intermediate_size: int
-    num_kv_heads: int | None = None
-    gated_mlp: bool = False
+    """Rows of the output head: the padded vocabulary."""
+    mlp_inner_size: int
+    """Inner width of one MLP branch, as `megatron/model/mlp.py` builds it."""
+    gated_mlp: bool
 
-
-def default_intermediate_size(hidden: int, activation: str, multiple_of: int = 1) -> int:
-    """4 × hidden, or 2/3 of that for gated activations, rounded up to `multiple_of`."""
-    size = 4 * hidden
-    if activation in GATED_ACTIVATIONS:
-        size = int(2 * size / 3)
-    multiple_of = max(1, multiple_of)
-    return multiple_of * ((size + multiple_of - 1) // multiple_of)
+    @classmethod
+    def from_args(cls, args: ModelArgs) -> ModelShape:
+        """The shape of the model `build_gpt(args)` builds."""
+        return cls(
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            num_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            seq_length=args.seq_length,
+            vocab_size=args.vocab_size,
+            mlp_inner_size=mlp_inner_size(args),
+            gated_mlp=build_activation(args.activation).gated,
+        )
 
 
 def shape_from_config(cfg) -> ModelShape:
-    """The shape of `cfg.model` (duck-typed: anything with the GPT-NeoX attribute names)."""
-    m = cfg.model
-    inter = m.intermediate_size or default_intermediate_size(
-        m.hidden_size, m.activation, getattr(m, "mlp_multiple_of", 1)
-    )
-    return ModelShape(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        seq_length=m.seq_length,
-        vocab_size=m.padded_vocab_size,
-        intermediate_size=inter,
-        num_kv_heads=m.num_kv_heads,
-        gated_mlp=m.activation in GATED_ACTIVATIONS,
-    )
+    """The shape of the model a resolved config builds (its padded vocabulary included)."""
+    return ModelShape.from_args(ModelArgs.from_config(cfg))
 
 
 def forward_flops_per_token(shape: ModelShape) -> float:
     """Forward-pass matmul FLOPs per token (see the module docstring)."""
-    h, s = shape.hidden_size, shape.seq_length
-    head_dim = h // shape.num_attention_heads
-    h_kv = (shape.num_kv_heads or shape.num_attention_heads) * head_dim
-    qkv = 2 * h * (h + 2 * h_kv)
-    attention = 2 * 2 * s * h
-    dense = 2 * h * h
-    mlp = 2 * h * shape.intermediate_size * (3 if shape.gated_mlp else 2)
+    h, s, d = shape.hidden_size, shape.seq_length, shape.head_dim
+    q_width, kv_width = shape.num_attention_heads * d, shape.num_kv_heads * d
+    qkv = 2 * h * (q_width + 2 * kv_width)
+    attention = 2 * 2 * s * q_width  # q k^T and probs v, each (s × d) · (d × s) per head
+    dense = 2 * q_width * h
+    mlp = 2 * h * shape.mlp_inner_size * (3 if shape.gated_mlp else 2)
     logits = 2 * h * shape.vocab_size
     return float(shape.num_layers * (qkv + attention + dense + mlp) + logits)
 
@@ -99,20 +110,27 @@ def training_flops_per_token(shape: ModelShape) -> float:
     return 3.0 * forward_flops_per_token(shape)
 
 
+def matmul_precision(dtype: str) -> str:
+    """The precision fp32 matmuls really run at: `tf32` when torch allows TF32 tensor cores
+    (`torch.backends.cuda.matmul.allow_tf32`, off by default), else `fp32`; bf16/fp16 as is."""
+    if dtype != "fp32":
+        return dtype
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
 def peak_tflops(dtype: str, override: float | None = None, device_name: str | None = None):
-    """Peak TFLOP/s of one device: `override` (peak_theoretical_tflops), else the table by
-    device name; None on CPU or an unknown device (MFU is then omitted)."""
+    """Peak dense TFLOP/s of one device for training in `dtype`: `override`
+    (`peak_theoretical_tflops`), else the table's entry for the device name and the matmul
+    precision (`matmul_precision`); None on CPU or an unknown device (MFU is then omitted)."""
     if override:
         return float(override)
     if device_name is None:
-        import torch
-
         if not torch.cuda.is_available():
             return None
         device_name = torch.cuda.get_device_name()
     for pattern, peaks in PEAK_TFLOPS:
         if pattern in device_name:
-            return peaks.get(dtype) or None
+            return peaks.get(matmul_precision(dtype))
     return None
 
 

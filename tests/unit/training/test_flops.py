@@ -1,87 +1,139 @@
-"""FLOPs per token against torch's FLOP counter on Hugging Face models; MFU arithmetic."""
+"""FLOPs per token against torch's FLOP counter on the models really built; MFU arithmetic.
+
+The reference is `torch.utils.flop_counter.FlopCounterMode` over forward + backward of:
+our model built from a resolved config (shipped GPT-NeoX, Llama and Llama-7B configs, on the
+meta device so the 7B shape costs nothing), the Hugging Face model our export builds, and
+the `transformers` Llama a Hugging Face import starts from. The counted figure must be within
+2% (it is exact: both count matmuls only, attention in full).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
+from megatron.checkpoint_tools.hf_export import hf_config_object
+from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS, model_keys_from_hf
+from megatron.config import config_from_dict, load_config
+from megatron.model import ModelArgs, build_gpt
 from megatron.training.flops import (
     ModelShape,
-    default_intermediate_size,
-    forward_flops_per_token,
     peak_tflops,
     shape_from_config,
     throughput,
     training_flops_per_token,
 )
 
-SEQ = 32
+# One process, no recomputation: model FLOPs count no recompute (see flops.py), and torch
+# would count DeepSpeed's recomputed forward.
+PLAIN = ["model_parallel_size=1", "pipe_parallel_size=0", "checkpoint_activations=false"]
 
 
-def _counted(model, backward=False) -> float:
-    x = torch.randint(0, 128, (1, SEQ))
+def _counted_ours(args: ModelArgs, seq: int) -> float:
+    """Training FLOPs per token of our model, counted by torch over forward + loss backward."""
+    args = dataclasses.replace(args, pipe_parallel_size=0, seq_length=seq)
+    with torch.device("meta"):
+        model = build_gpt(args)
+        tokens = torch.zeros(1, seq, dtype=torch.long)
+        positions = torch.arange(seq).expand(1, seq)
+        with FlopCounterMode(display=False) as counter:
+            logits = model(tokens, positions)
+            model.loss_fn(logits, (tokens, torch.ones(1, seq))).backward()
+    return counter.get_total_flops() / seq
+
+
+def _counted_hf(model: torch.nn.Module, seq: int) -> float:
+    tokens = torch.zeros(1, seq, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
-        out = model(x).logits
-        if backward:
-            out.sum().backward()
-    return counter.get_total_flops() / SEQ
+        model(input_ids=tokens).logits.float().sum().backward()
+    return counter.get_total_flops() / seq
 
 
-def test_matches_flop_counter_on_gpt_neox():
-    cfg = transformers.GPTNeoXConfig(
-        vocab_size=128,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=SEQ,
-        attn_implementation="eager",
-    )
-    model = transformers.GPTNeoXForCausalLM(cfg)
-    shape = ModelShape(2, 64, 4, SEQ, 128, 256)
-    assert forward_flops_per_token(shape) == _counted(model)
-    assert training_flops_per_token(shape) == _counted(model, backward=True)
+@pytest.mark.parametrize(
+    "files, overrides",
+    [
+        (["160M"], []),  # GPT-NeoX/Pythia: gelu, parallel residual, untied, SDPA
+        (["llama-small"], []),  # Llama: GQA 8/2, SwiGLU rounded to 32, untied
+        (["llama-small"], ["activation=geglu", "intermediate_size=1000", "no_weight_tying=false"]),
+        (["small"], ["activation=reglu", "attention_config=[[['global'], 4]]"]),
+        (["llama-7B"], []),  # 7B: intermediate_size 32768 -> 11008 per gated branch
+    ],
+)
+def test_training_flops_match_the_flop_counter_on_our_model(files, overrides):
+    cfg = load_config(files, PLAIN + overrides, world_size=1, vocab_size=32000)
+    args = ModelArgs.from_config(cfg)
+    expected = _counted_ours(args, cfg.model.seq_length)
+    assert training_flops_per_token(shape_from_config(cfg)) == pytest.approx(expected, rel=0.02)
 
 
-def test_matches_flop_counter_on_gated_gqa_llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
+@pytest.mark.parametrize("arch", ["gpt_neox", "llama"])
+def test_training_flops_match_the_flop_counter_on_the_hf_export(arch):
+    files = {"gpt_neox": ["160M"], "llama": ["llama-small"]}[arch]
+    cfg = load_config(files, PLAIN, world_size=1, vocab_size=50277)
+    args = ModelArgs.from_config(cfg)
+    config = hf_config_object(args, arch, None, torch.float32)
+    config._attn_implementation = "eager"  # explicit q k^T and probs v matmuls
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        counted = _counted_hf(model, cfg.model.seq_length)
+    assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=0.02)
+
+
+def test_training_flops_of_an_imported_llama_match_transformers():
+    hf = dict(
+        model_type="llama",
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1376,
         num_hidden_layers=2,
         num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        max_position_embeddings=SEQ,
-        attn_implementation="eager",
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        hidden_act="silu",
+        tie_word_embeddings=False,
     )
-    model = transformers.LlamaForCausalLM(cfg)
-    shape = ModelShape(2, 64, 8, SEQ, 128, 96, num_kv_heads=2, gated_mlp=True)
-    assert forward_flops_per_token(shape) == _counted(model)
+    _, keys = model_keys_from_hf(hf)
+    cfg = config_from_dict({**keys, **RECORD_DEFAULTS}, vocab_size=32000)
+    config = transformers.LlamaConfig(**{k: v for k, v in hf.items() if k != "model_type"})
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        counted = _counted_hf(transformers.LlamaForCausalLM(config), 256)
+    assert training_flops_per_token(shape_from_config(cfg)) == pytest.approx(counted, rel=0.02)
 
 
-def test_hand_count_is_6n_plus_attention():
-    h, f, v, layers = 64, 256, 128, 2
-    n_matmul = layers * (4 * h * h + 2 * h * f) + h * v
-    expected = 6 * n_matmul + 12 * layers * SEQ * h
-    assert training_flops_per_token(ModelShape(layers, h, 4, SEQ, v, f)) == expected
+def test_training_is_6n_plus_full_causal_attention():
+    """PaLM's model FLOPs, written here: 6 N (matmul weights) + 12 L s h (attention, full)."""
+    cfg = load_config(["llama-7B"], PLAIN, world_size=1, vocab_size=32000)
+    h, layers, seq, f, v = 4096, 32, 4096, 11008, 32000
+    n_matmul = layers * (4 * h * h + 3 * h * f) + h * v
+    expected = 6 * n_matmul + 12 * layers * seq * h
+    assert training_flops_per_token(shape_from_config(cfg)) == expected
 
 
-def test_shape_from_config_defaults_the_mlp(make_config):
-    shape = shape_from_config(make_config())
-    assert (shape.intermediate_size, shape.vocab_size, shape.gated_mlp) == (256, 128, False)
-    shape = shape_from_config(make_config(activation="swiglu", mlp_multiple_of=32))
-    assert (shape.intermediate_size, shape.gated_mlp) == (192, True)  # 2/3 · 256 → 170 → 192
-    assert default_intermediate_size(64, "gelu") == 256
-
-
-def test_peak_and_mfu():
+def test_peak_by_device_and_matmul_precision():
     assert peak_tflops("bf16", device_name="NVIDIA H100 80GB HBM3") == 989.0
     assert peak_tflops("bf16", device_name="NVIDIA H100 PCIe") == 756.0
     assert peak_tflops("fp16", device_name="NVIDIA A100-SXM4-40GB") == 312.0
+    assert peak_tflops("bf16", device_name="Tesla V100-SXM2-32GB") is None
     assert peak_tflops("bf16", device_name="Some Future Accelerator") is None
     assert peak_tflops("bf16", override=100.0, device_name="cpu") == 100.0
+    # fp32 matmuls run on TF32 tensor cores only when torch is told to (off by default).
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        assert peak_tflops("fp32", device_name="NVIDIA A100-SXM4-80GB") == 19.5
+        matmul.allow_tf32 = True
+        assert peak_tflops("fp32", device_name="NVIDIA A100-SXM4-80GB") == 156.0
+    finally:
+        matmul.allow_tf32 = before
+
+
+def test_throughput_and_mfu():
     t = throughput(tokens=4000, seconds=2.0, flops_per_token=1e9, world_size=2, peak=10.0)
     assert t.tokens_per_sec == 2000.0
     assert t.tflops_per_gpu == pytest.approx(1.0)
