@@ -6,8 +6,12 @@
 
 writes config.json, generation_config.json, safetensors weights and the tokenizer files (when
 the config's are found): GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM
-for Llama-style ones (RMSNorm). A model the target architecture cannot express is refused with
-the reason. Without --config the config saved in the checkpoint describes the model.
+for Llama-style ones (RMSNorm). A model the target architecture cannot express is refused,
+naming each option and its value, before anything is written (exit status 2). Without
+--config the config saved in the checkpoint describes the model.
+
+--verify loads the result with transformers and compares its logits with ours; a difference
+beyond --tolerance (relative to the largest logit) exits with status 1.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from megatron.checkpoint_tools import (  # noqa: E402
     export_hf,
     verify_export,
 )
-from megatron.checkpoint_tools.hf_export import ARCHITECTURES, DTYPES  # noqa: E402
+from megatron.checkpoint_tools.hf_export import (  # noqa: E402
+    ARCHITECTURES,
+    DTYPES,
+    VERIFY_TOLERANCE,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,6 +52,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--verify",
         action="store_true",
         help="load the result with transformers and compare logits with ours",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=VERIFY_TOLERANCE,
+        help=f"--verify: largest accepted |logit difference| / max(1, largest |logit|) "
+        f"(default {VERIFY_TOLERANCE:g})",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output")
     return p.parse_args(argv)
@@ -69,8 +84,17 @@ def main(argv=None) -> int:
     print(f"read {reader.layout.folder} ({reader.layout.describe()})")
     print(result.report())
     if args.verify:
-        diff = verify_export(args.output, reader.args, state)
-        print(f"verify: max |logit difference| vs ours = {diff:.3e}")
+        check = verify_export(
+            args.output, reader.args, state, dtype=args.dtype, tolerance=args.tolerance
+        )
+        print(check.report())
+        if not check.ok:
+            print(
+                f"convert_to_hf.py: the export in {args.output} does not reproduce the "
+                "checkpoint's logits; do not use it",
+                file=sys.stderr,
+            )
+            return 1
     return 0
 
 

@@ -2,22 +2,25 @@
 
     export_hf(reader.state_dict(), reader.args, "hf_out", tokenizer_cfg=reader.cfg.tokenizer)
 
-builds the `transformers` model (on the meta device, no memory) from its own config class,
-assigns our renamed tensors to it (a name that does not fit is an error) and lets its
-`save_pretrained` write `config.json`, `generation_config.json` (end-of-document token as
-BOS/EOS) and the safetensors files exactly as `transformers` writes them; then the tokenizer
-files when the config's are found (`tokenizer_files.py`). Names and the fused QKV come from
-the model's rename table (`megatron/model/hf_names.py`); what the target architecture cannot
-express (another norm, activation, positional encoding, biases, ...) is refused by
-`hf_config` with the reason.
+first checks everything, writing nothing: the options the target class cannot express
+(`megatron/model/hf_config.py` classifies every model option: QK-norm, another norm,
+activation, positional encoding, biases, ... are refused naming the option and its value),
+that every tensor of ours has a Hugging Face name (`megatron/model/hf_names.py`), and that the
+renamed tensors fit the `transformers` model built on the meta device. Only then is the output
+folder touched: the model's own `save_pretrained` writes `config.json`,
+`generation_config.json` (end-of-document token as BOS/EOS) and the safetensors files exactly
+as `transformers` writes them; then the tokenizer files when the config's are found
+(`tokenizer_files.py`).
 
 The vocabulary stays padded (as Pythia's Hugging Face checkpoints are), so the exported model's
 logits equal ours over every row; `vocab_size` trims the tables to fewer rows.
-`verify_export` loads the directory with `transformers` and compares logits with ours.
+`verify_export` loads the directory with `transformers` and compares its fp32 logits with ours
+(our weights rounded to the exported dtype), relative to the largest logit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +28,13 @@ from pathlib import Path
 import torch
 
 from megatron.checkpoint_tools.tokenizer_files import export_tokenizer
-from megatron.model import HF_ARCHITECTURES, ModelArgs, hf_config, to_hf
+from megatron.model import HF_ARCHITECTURES, ModelArgs, hf_config, name_map, to_hf
 
 ARCHITECTURES = ("auto", *HF_ARCHITECTURES)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+VERIFY_TOLERANCE = 1.0e-4
+"""Largest |logit difference| `verify_export` accepts, relative to the largest |logit| (>= 1):
+fp32 on both sides, so only the order of floating-point operations differs."""
 
 
 @dataclass
@@ -69,10 +75,21 @@ def hf_config_object(args: ModelArgs, arch: str, vocab_size: int | None, dtype, 
     return config
 
 
-def _save_with_transformers(tensors: dict, config, output: Path, max_shard_size) -> list[str]:
-    """Hand our tensors to the `transformers` model itself and let its `save_pretrained`
-    write the files: its own on-disk names (GPT-NeoX's head is `embed_out` there), tied
-    weights stored once, safetensors shards and their index."""
+def _check_all_exported(state: dict, args: ModelArgs, arch: str) -> None:
+    """Every tensor of ours must have a Hugging Face name: a dropped one changes the model."""
+    mapped = set(name_map(args, arch))
+    left = [name for name in state if name not in mapped]
+    if left:
+        raise ValueError(
+            f"the weights {left[:4]} have no place in Hugging Face "
+            f"{HF_ARCHITECTURES[arch].hf_class}; exporting without them would change the model"
+        )
+
+
+def _assemble(tensors: dict, config) -> torch.nn.Module:
+    """The `transformers` model (built on the meta device) holding our renamed tensors: its
+    `save_pretrained` then writes its own on-disk names (GPT-NeoX's head is `embed_out`
+    there), tied weights once, safetensors shards and their index."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -85,8 +102,21 @@ def _save_with_transformers(tensors: dict, config, output: Path, max_shard_size)
         )
     if config.tie_word_embeddings:
         model.tie_weights()
-    model.save_pretrained(output, max_shard_size=max_shard_size)
-    return sorted(p.name for p in output.iterdir())
+    return model
+
+
+def _export_dtype(state: dict, dtype: str | None) -> torch.dtype:
+    if not state:
+        raise ValueError("there are no weights to export")
+    return DTYPES[dtype] if dtype else next(iter(state.values())).dtype
+
+
+def _prepare_output(output: Path, overwrite: bool) -> None:
+    if output.exists() and any(output.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"output folder '{output}' is not empty; choose another one")
+        shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
 
 
 def export_hf(
@@ -102,26 +132,26 @@ def export_hf(
     max_shard_size: str | int = "5GB",
     overwrite: bool = False,
 ) -> ExportResult:
-    """Write the Hugging Face directory for our full `state` (see the module docstring)."""
+    """Write the Hugging Face directory for our full `state` (see the module docstring);
+    every check runs before the output folder is created or emptied."""
     arch = choose_architecture(args, architecture)
     if vocab_size is not None and not 0 < vocab_size <= args.vocab_size:
         raise ValueError(f"vocab_size {vocab_size} must be in 1..{args.vocab_size} (padded size)")
-    config = hf_config_object(args, arch, vocab_size, None, eod)  # refuses before any work
     output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"output folder '{output}' is not empty; choose another one")
-        shutil.rmtree(output)
-    tensors = to_hf(state, args, arch, vocab_size)
-    first = next(iter(state.values()))
-    torch_dtype = DTYPES[dtype] if dtype else first.dtype
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise FileExistsError(f"output folder '{output}' is not empty; choose another one")
+    config = hf_config_object(args, arch, vocab_size, None, eod)
+    _check_all_exported(state, args, arch)
+    torch_dtype = config.dtype = _export_dtype(state, dtype)
     # Fresh contiguous tensors: split QKV views and tied copies must not share storage.
-    tensors = {k: v.detach().to(torch_dtype).contiguous().clone() for k, v in tensors.items()}
-    config.dtype = torch_dtype
-    output.mkdir(parents=True, exist_ok=True)
-    result = ExportResult(
-        output, arch, _save_with_transformers(tensors, config, output, max_shard_size)
-    )
+    tensors = {
+        k: v.detach().to(torch_dtype).contiguous().clone()
+        for k, v in to_hf(state, args, arch, vocab_size).items()
+    }
+    model = _assemble(tensors, config)
+    _prepare_output(output, overwrite)
+    model.save_pretrained(output, max_shard_size=max_shard_size)
+    result = ExportResult(output, arch, sorted(p.name for p in output.iterdir()))
     if tokenizer_cfg is not None:
         written, why = export_tokenizer(tokenizer_cfg, output, max_length=args.max_positions)
         result.files += written
@@ -130,16 +160,45 @@ def export_hf(
     return result
 
 
-def verify_export(output: str | Path, args: ModelArgs, state: dict, seq: int = 16) -> float:
-    """Largest |logit difference| between the exported model (loaded with `transformers`)
-    and ours (built at tp=1 with `state`) on random tokens, in fp32."""
+@dataclass(frozen=True)
+class Verification:
+    """Exported model's logits against ours."""
+
+    max_difference: float
+    max_logit: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_difference <= self.tolerance * max(1.0, self.max_logit)
+
+    def report(self) -> str:
+        verdict = "ok" if self.ok else "MISMATCH: the exported model does not compute ours"
+        return (
+            f"verify: max |logit difference| vs ours = {self.max_difference:.3e} (largest "
+            f"|logit| {self.max_logit:.3g}, tolerance {self.tolerance:g} relative): {verdict}"
+        )
+
+
+def verify_export(
+    output: str | Path,
+    args: ModelArgs,
+    state: dict,
+    *,
+    dtype: str | None = None,
+    tolerance: float = VERIFY_TOLERANCE,
+    seq: int = 16,
+) -> Verification:
+    """Logits of the exported model (loaded with `transformers`) against ours (built at tp=1
+    with `state` rounded to the exported `dtype`) on random tokens, both in fp32."""
     from transformers import AutoModelForCausalLM
 
     from megatron.model import build_gpt, load_full_state_dict
 
     hf = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32).eval()
     ours = build_gpt(_plain(args)).eval()
-    load_full_state_dict(ours, {k: v.float() for k, v in state.items()})
+    rounded = _export_dtype(state, dtype)
+    load_full_state_dict(ours, {k: v.to(rounded).float() for k, v in state.items()})
     rows = hf.config.vocab_size
     seq = min(seq, args.max_positions)
     tokens = torch.randint(0, rows, (2, seq), generator=torch.Generator().manual_seed(0))
@@ -147,12 +206,10 @@ def verify_export(output: str | Path, args: ModelArgs, state: dict, seq: int = 1
     with torch.no_grad():
         theirs = hf(input_ids=tokens, position_ids=positions).logits
         mine = ours(tokens, positions)[..., :rows]
-    return (theirs - mine).abs().max().item()
+    return Verification((theirs - mine).abs().max().item(), mine.abs().max().item(), tolerance)
 
 
 def _plain(args: ModelArgs) -> ModelArgs:
-    import dataclasses
-
     return dataclasses.replace(
         args,
         pipe_parallel_size=0,
