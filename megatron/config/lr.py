@@ -27,7 +27,8 @@ class LRConfig:
     """Warm-up length: a fraction of the decay iterations when below 1, else iterations."""
 
     min_lr: float = 0.0
-    """Learning rate reached at the end of the decay."""
+    """Floor of the learning rate after warm-up (GPT-NeoX: every style is clipped at it; a
+    linear decay reaches it before the end)."""
 
     wsd_decay_fraction: float = 0.1
     """For `wsd`: fraction of the decay iterations spent in the final decay."""
