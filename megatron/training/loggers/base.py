@@ -1,10 +1,11 @@
 """The logger interface and the record every logger receives.
 
 A training record is one dict per log interval with the keys of `TRAIN_KEYS` (the contract of
-`metrics.jsonl`, see DESIGN.md); optional figures (`eta_s`, `time/*` timers, `grad_norm/*` and
-`param_norm/*` per parameter) may be added. An evaluation record is `{"iteration", "split",
-"loss", "perplexity"}` with `split` "valid" or "test". Scalar names for TensorBoard and wandb
-are `"{split}/{key}"` (`train/loss`, `valid/perplexity`), the same in both.
+`metrics.jsonl`, see docs/architecture.md); optional figures (`eta_s`, `time/*` timers,
+`grad_norm/*` and `param_norm/*` per parameter) may be added. An evaluation record is
+`{"iteration", "split", "loss", "perplexity"}` with `split` "valid" or "test". Scalar names
+for TensorBoard and wandb are `"{split}/{key}"` (`train/loss`, `valid/perplexity`), the same in
+both.
 """
 
 from __future__ import annotations
