@@ -21,7 +21,13 @@ from types import SimpleNamespace
 
 from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle
 from megatron.config.bundle import BUNDLE_FLAG
-from megatron.config.resolve import load_settings, log_warnings, resolve_settings, settings_group
+from megatron.config.resolve import (
+    is_training_script,
+    load_settings,
+    log_warnings,
+    resolve_settings,
+    settings_group,
+)
 from megatron.launcher import LauncherError
 
 log = logging.getLogger("deepy")
@@ -84,7 +90,13 @@ def resolve(args: argparse.Namespace) -> Config:
     world_size = planned_world_size(settings_group(settings, "launcher"))
     vocab = vocab_size_of(settings_group(settings, "tokenizer"), args.dry_run)
     warnings: list[str] = []
-    cfg = resolve_settings(settings, world_size=world_size, vocab_size=vocab, warn=warnings)
+    cfg = resolve_settings(
+        settings,
+        world_size=world_size,
+        vocab_size=vocab,
+        warn=warnings,
+        training=is_training_script(args.script),
+    )
     log_warnings(warnings)
     return cfg
 

@@ -40,8 +40,9 @@ class DataConfig:
     test_label_data_paths: list[str] | None = None
     """Per-token label datasets matching `test_data_paths`."""
 
-    data_impl: Literal["mmap", "cached", "infer"] = "mmap"
-    """Indexed dataset implementation; `mmap` (the Megatron/GPT-NeoX format) is read."""
+    data_impl: Literal["mmap", "cached", "infer"] = "infer"
+    """Indexed dataset format: `mmap` (the Megatron/GPT-NeoX `.bin/.idx` format) is read;
+    `infer` (GPT-NeoX's default) reads it too; the legacy `cached` format is refused."""
 
     split: str = "969,30,1"
     """Train/valid/test proportions of `data_path`, e.g. `949,50,1`."""

@@ -11,7 +11,12 @@ import dataclasses
 
 from megatron.config.config import Config
 from megatron.config.lr import decay_and_warmup_iters
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.optimizer import (
+    NEOX_DEFAULT_LR,
+    NEOX_DEFAULT_OPTIMIZER,
+    NEOX_DEFAULT_PARAMS,
+    OPTIMIZER_TYPES,
+)
 from megatron.config.schema import ConfigError
 
 
@@ -62,7 +67,7 @@ def derive_parallel(cfg: Config, sources: dict[str, str], world_size: int | None
     )
 
 
-def derive_batch(cfg: Config, sources: dict[str, str], dp: int):
+def derive_batch(cfg: Config, sources: dict[str, str], dp: int, training: bool = True):
     t = cfg.training
     gbs, mbs, gas = (
         t.train_batch_size,
@@ -74,6 +79,8 @@ def derive_batch(cfg: Config, sources: dict[str, str], dp: int):
         if value is not None and value < 1:
             raise ConfigError(f"{key}{_src(sources, key)} must be >= 1, got {value}")
     if gbs is None and mbs is None:
+        if not training:
+            return t  # generate.py/eval.py: no training batch to size
         raise ConfigError(
             "set train_micro_batch_size_per_gpu or train_batch_size (global batch = micro batch "
             "× gradient_accumulation_steps × data-parallel size)"
@@ -145,10 +152,11 @@ def _number(value):
     return value
 
 
-def derive_optimizer(cfg: Config, sources: dict[str, str]):
+def derive_optimizer(cfg: Config, sources: dict[str, str], warn: list[str], training: bool):
+    """Canonical type, lr and params; GPT-NeoX's defaults (with a warning) for what is unset."""
     o = cfg.optimizer
-    section = o.optimizer or {"type": "Adam", "params": {}}
-    raw_type = str(section.get("type", "Adam"))
+    section = o.optimizer or {}
+    raw_type = str(section.get("type", NEOX_DEFAULT_OPTIMIZER))
     canonical = {t.lower(): t for t in OPTIMIZER_TYPES}.get(raw_type.lower())
     if canonical is None:
         raise ConfigError(
@@ -159,9 +167,30 @@ def derive_optimizer(cfg: Config, sources: dict[str, str]):
     params = {k: _number(v) for k, v in (section.get("params") or {}).items()}
     lr = o.lr if o.lr is not None else params.get("lr")
     params.pop("lr", None)
+    defaulted = []
+    if o.optimizer is None:
+        params = dict(NEOX_DEFAULT_PARAMS)
+        defaulted.append(f"optimizer {NEOX_DEFAULT_OPTIMIZER} ({params})")
+    elif "type" not in section:
+        defaulted.append(f"optimizer.type {NEOX_DEFAULT_OPTIMIZER}")
     if lr is None:
-        raise ConfigError("no learning rate: set optimizer.params.lr (or lr)")
+        lr = NEOX_DEFAULT_LR
+        defaulted.append(f"lr {NEOX_DEFAULT_LR}")
+    if defaulted and training:
+        warn.append(
+            f"the config sets no {' and no '.join(d.split()[0] for d in defaulted)}: using "
+            f"GPT-NeoX's default {', '.join(defaulted)}{_src(sources, 'optimizer')}"
+        )
     return dataclasses.replace(o, lr=float(lr), optimizer_type=canonical, optimizer_params=params)
+
+
+def derive_generation(cfg: Config):
+    """GPT-NeoX's `text_gen_type` default: input-file when a sample_input_file is given."""
+    g = cfg.generation
+    if g.text_gen_type is not None:
+        return g
+    kind = "input-file" if g.sample_input_file else "unconditional"
+    return dataclasses.replace(g, text_gen_type=kind)
 
 
 def derive_lr(cfg: Config, sources: dict[str, str]):
@@ -221,13 +250,15 @@ def derive(
     world_size: int | None,
     vocab_size: int | None,
     warn: list[str],
+    training: bool = True,
 ) -> Config:
     cfg = dataclasses.replace(cfg, parallel=derive_parallel(cfg, sources, world_size))
     cfg = dataclasses.replace(
         cfg,
-        training=derive_batch(cfg, sources, cfg.parallel.data_parallel_size),
+        training=derive_batch(cfg, sources, cfg.parallel.data_parallel_size, training),
         precision=derive_precision(cfg, sources, warn),
-        optimizer=derive_optimizer(cfg, sources),
+        optimizer=derive_optimizer(cfg, sources, warn, training),
+        generation=derive_generation(cfg),
     )
     return dataclasses.replace(
         cfg, lr=derive_lr(cfg, sources), model=derive_model(cfg, sources, vocab_size)

@@ -7,7 +7,14 @@ import dataclasses
 import difflib
 
 from megatron.config.config import GROUPS, KEY_TO_GROUP
-from megatron.config.neox_keys import RENAMED, UNIMPLEMENTED
+from megatron.config.neox_keys import (
+    DERIVED_IN_NEOX,
+    DERIVED_MUST_AGREE,
+    GATES,
+    NEOX_KEYS,
+    REFUSED_VALUES,
+    RENAMED,
+)
 from megatron.config.schema import ConfigError, field_docs, field_types, is_derived, type_name
 
 
@@ -17,8 +24,20 @@ def _default(f: dataclasses.Field) -> str:
     return repr(f.default_factory())  # type: ignore[misc]
 
 
+def _neox_note(key: str) -> str:
+    spec = NEOX_KEYS[key]
+    gate = f" Only matters with {GATES[spec.gate].text}." if spec.gate else ""
+    return f"{spec.advice}.{gate}"
+
+
 def describe_key(key: str) -> str:
     key = key.replace("-", "_")
+    if key in NEOX_KEYS:
+        spec = NEOX_KEYS[key]
+        return (
+            f"{key}  [GPT-NeoX, {spec.label}]  GPT-NeoX default {spec.defaults[0]!r}\n"
+            f"    {_neox_note(key)}"
+        )
     if key not in KEY_TO_GROUP:
         close = difflib.get_close_matches(key, list(KEY_TO_GROUP), n=3)
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -58,6 +77,36 @@ def render_markdown() -> str:
         lines.append("")
     lines += ["## Renamed GPT-NeoX/Megatron keys (accepted with a warning)", ""]
     lines += [f"- `{old}` → `{new}`" for old, (new, _) in sorted(RENAMED.items())]
-    lines += ["", "## GPT-NeoX keys accepted but not implemented (warning, no effect)", ""]
-    lines += [", ".join(f"`{k}`" for k in sorted(UNIMPLEMENTED)), ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _neox_markdown())
+
+
+def _neox_markdown() -> list[str]:
+    lines = [
+        "",
+        "## GPT-NeoX keys not implemented here",
+        "",
+        "`no effect`: cannot change what is trained; accepted, with a warning when not at",
+        "GPT-NeoX's default. `refused`: changes the model, objective, data or schedule;",
+        "GPT-NeoX's default is accepted, any other value is refused before launch (`refused",
+        "until issue N`: an open issue implements it). A key that only matters with another",
+        "feature on is accepted with a warning while that feature is off. `implemented`:",
+        "GPT-NeoX's switch is expressed by our own keys, as the note says.",
+        "",
+        "| key | class | GPT-NeoX default | |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key in sorted(NEOX_KEYS):
+        spec = NEOX_KEYS[key]
+        note = _neox_note(key).replace("|", "\\|")
+        lines.append(f"| `{key}` | {spec.label} | `{spec.defaults[0]!r}` | {note} |")
+    lines += ["", "## Values GPT-NeoX lists that are refused here", ""]
+    lines += [f"- `{k}: {v}`: {advice}" for (k, v), advice in REFUSED_VALUES.items()]
+    lines += ["", "## Keys GPT-NeoX computes (ignored with a warning)", ""]
+    lines += [
+        ", ".join(f"`{k}`" for k in sorted(DERIVED_IN_NEOX))
+        + "; "
+        + ", ".join(f"`{k}`" for k in DERIVED_MUST_AGREE)
+        + " must agree with the value the config resolves to.",
+        "",
+    ]
+    return lines

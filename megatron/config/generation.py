@@ -8,10 +8,9 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] = (
-        "unconditional"
-    )
-    """What `generate.py` does."""
+    text_gen_type: Literal["unconditional", "input-file", "interactive", "precompute"] | None = None
+    """What `generate.py` does; by default (as in GPT-NeoX) `input-file` when
+    `sample_input_file` is set, else `unconditional`."""
 
     temperature: float = 0.0
     """Sampling temperature; 0 is greedy."""

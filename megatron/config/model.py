@@ -70,8 +70,12 @@ class ModelConfig:
     gpt_j_tied: bool = False
     """With `gpt_j_residual`, use one shared norm for attention and MLP."""
 
-    activation: Literal["gelu", "geglu", "swiglu", "silu", "relu", "reglu", "relu_squared"] = "gelu"
-    """MLP activation; the gated variants (geglu, swiglu, reglu) use two input projections."""
+    activation: Literal[
+        "gelu", "gelu_tanh", "geglu", "swiglu", "silu", "relu", "reglu", "relu_squared"
+    ] = "gelu"
+    """MLP activation; the gated variants (geglu, swiglu, reglu) use two input projections.
+    `gelu` is exact (erf) GeLU, `gelu_tanh` its tanh approximation (what GPT-NeoX's
+    `bias_gelu_fusion: true` computes, and maps to)."""
 
     intermediate_size: int | None = None
     """MLP size as GPT-NeoX defines it (default 4 × hidden). Gated activations (geglu, swiglu,

@@ -1,11 +1,28 @@
-"""GPT-NeoX (and Megatron) keys that are renamed here, or accepted without being implemented.
+"""GPT-NeoX (and Megatron) keys that are renamed here, computed, or not implemented: what each
+one does to a run, as data.
 
-Existing config files must load unchanged: a renamed key is mapped to its new name with a
-warning, and a key GPT-NeoX accepts that this trainer does not implement (yet) is accepted with
-a one-line warning naming it, never silently dropped and never a crash.
+Existing GPT-NeoX config files must load unchanged, but a run must do what its config says.
+So every GPT-NeoX key this trainer does not implement has a class in `NEOX_KEYS`:
+
+- `no effect`: cannot change what is trained (a fusion switch whose unfused path computes the
+  same numbers, a logging destination or profiler we do not have): accepted, with a one-line
+  warning when set to anything but GPT-NeoX's default.
+- `refused`: changes the model, the objective, the data or the schedule. GPT-NeoX's default
+  value is accepted (it asks for nothing); any other value is refused before launch, naming the
+  key, the file and what to do.
+- `refused until issue N`: as `refused`, for a feature an open issue implements.
+- `implemented`: GPT-NeoX's switch is expressed by our own keys (`implies`).
+
+A key that only matters while another one switches its feature on (`moe_top_k` without
+experts, `dpo_beta` without `train_impl: dpo`) has no effect while that switch is off, in
+GPT-NeoX as here: it is then accepted with a warning. `neox_policy.py` applies the table.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 # old name -> (new name, wrap a single value into a list)
 RENAMED: dict[str, tuple[str, bool]] = {
@@ -27,26 +44,26 @@ for _split in ("train", "valid", "test"):
         for _kind in ("data", "label_data"):
             RENAMED[f"{_side}_{_split}_{_kind}_path"] = (f"{_side}_{_split}_{_kind}_paths", True)
 
-# Keys GPT-NeoX computes itself; found in dumped configs. Ignored with a warning.
+# Keys GPT-NeoX computes itself (found in dumped configs); a value given is not read there
+# either. Ignored with a warning, except the ones in DERIVED_MUST_AGREE.
 DERIVED_IN_NEOX = frozenset(
     {
         "batch_size",
         "config_files",
         "deepspeed",
         "deepspeed_config",
+        "do_train",
+        "do_valid",
         "dynamic_loss_scale",
         "git_hash",
         "global_num_gpus",
-        "hysteresis",
         "is_pipe_parallel",
         "iteration",
         "local_rank",
-        "loss_scale",
-        "loss_scale_window",
-        "min_scale",
         "optimizer_type",
         "padded_vocab_size",
         "rank",
+        "save_iters",
         "tensorboard_writer",
         "user_script",
         "world_size",
@@ -58,147 +75,270 @@ DERIVED_IN_NEOX = frozenset(
     }
 )
 
-# Keys GPT-NeoX accepts whose features this trainer does not implement yet.
-UNIMPLEMENTED = frozenset(
-    {
-        # model variants
-        "expansion_factor",
-        "sliding_window_width",
-        "layernorm_fusion",
-        "rmsnorm_fusion",
-        "rpe_num_buckets",
-        "rpe_max_distance",
-        "opt_pos_emb_offset",
-        "sparsity_config",
-        "num_unique_layers",
-        "param_sharing_style",
-        "use_cpu_initialization",
-        "rotary_save_freqs_buffer",
-        "gmlp_attn_dim",
-        "soft_prompt_tuning",
-        "output_layer_parallelism",
-        "mamba_selective_scan_fusion",
-        "mamba_causal_conv_fusion",
-        "mamba_inner_func_fusion",
-        "mamba_selective_fp32_params",
-        "mamba_use_bias_in_conv",
-        "mamba_use_bias_in_linears",
-        "dim_att",
-        "head_size",
-        "ffn_dim",
-        "te_columnparallel",
-        "te_rowparallel",
-        "te_layernorm_mlp",
-        "te_mha",
-        "te_fp8_format",
-        "te_fp8_wgrad",
-        "te_fp8_amax_history_len",
-        "te_fp8_amax_compute_algo",
-        "te_fp8_margin",
-        "te_fp8_mha",
-        "expert_interval",
-        "moe_num_experts",
-        "moe_type",
-        "moe_top_k",
-        "moe_router_type",
-        "moe_lbl_in_fp32",
-        "moe_jitter_eps",
-        "moe_glu",
-        "moe_token_dropping",
-        "moe_use_residual",
-        "moe_train_capacity_factor",
-        "moe_eval_capacity_factor",
-        "moe_min_capacity",
-        "moe_aux_loss_coeff",
-        "moe_z_loss_coeff",
-        "moe_expert_parallel_size",
-        "enable_expert_tensor_parallelism",
-        # optimizers and training modes
-        "use_bnb_optimizer",
-        "dataset_impl",
-        "train_impl",
-        "pack_impl",
-        "dpo_fp32",
-        "dpo_beta",
-        "dpo_reference_free",
-        "kto_fp32",
-        "kto_desirable_weight",
-        "kto_undesirable_weight",
-        "kto_beta",
-        "allow_chopped",
-        "precompute_model_name",
-        "z_loss",
-        "char_level_ppl",
-        "short_seq_prob",
-        "adlr_autoresume",
-        "adlr_autoresume_interval",
-        "lazy_mpu_init",
-        "onnx_safe",
-        "deepscale",
-        "deepscale_config",
-        "deepspeed_activation_checkpointing",
-        "do_train",
-        "do_valid",
-        "save_iters",
-        "s3_path",
-        "s3_chunk_size",
-        "eval_interval_early",
-        "curriculum_seqlen",
-        "use_mup",
-        "coord_check",
-        "save_base_shapes",
-        "base_shapes_file",
-        "mup_init_scale",
-        "mup_attn_temp",
-        "mup_output_temp",
-        "mup_embedding_mult",
-        "mup_rp_embedding_mult",
-        "mup_width_scale",
-        "bias_gelu_fusion",
-        "bias_dropout_fusion",
-        "fp16_lm_cross_entropy",
-        "checkpoint_validation_with_forward_pass",
-        "log_optimizer_states",
-        "train_reward_data_paths",
-        "valid_reward_data_paths",
-        "test_reward_data_paths",
-        "pos_train_data_paths",
-        "pos_train_label_data_paths",
-        "neg_train_data_paths",
-        "neg_train_label_data_paths",
-        "pos_valid_data_paths",
-        "pos_valid_label_data_paths",
-        "neg_valid_data_paths",
-        "neg_valid_label_data_paths",
-        "pos_test_data_paths",
-        "pos_test_label_data_paths",
-        "neg_test_data_paths",
-        "neg_test_label_data_paths",
-        # logging back ends
-        "wandb_init_all_ranks",
-        "log_grad_pct_zeros",
-        "log_gradient_noise_scale",
-        "gradient_noise_scale_n_batches",
-        "gradient_noise_scale_cpu_offload",
-        "memory_profiling",
-        "memory_profiling_path",
-        "profile",
-        "profile_step_start",
-        "profile_step_stop",
-        "use_comet",
-        "comet_workspace",
-        "comet_project",
-        "comet_experiment_name",
-        "comet_tags",
-        "comet_others",
-        "return_logits",
-        # runner
-        "detect_nvlink_pairs",
-        "autotuning_run",
-        "scheduler",
-        "sparse_attention",
-        "activation_checkpointing",
-        "tensorboard",
-        "wandb",
-    }
-)
+# Computed keys whose given value must equal what we compute from the keys that define it
+# (a dumped config agrees; `zero_stage: 2` without a zero_optimization section would silently
+# train at stage 0): NeoX key -> (our resolved key, the keys that set it).
+DERIVED_MUST_AGREE: dict[str, tuple[str, str]] = {
+    "zero_stage": ("zero_stage", "zero_optimization: {stage: N}"),
+    "batch_size": ("train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"),
+    "optimizer_type": ("optimizer_type", "optimizer: {type: NAME}"),
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The keys that switch a feature on: a dependent key matters only while one is active."""
+
+    keys: tuple[str, ...]
+    active: Callable[[Any], bool]
+    text: str
+
+
+def _attention_types(value: Any) -> set[str]:
+    """Every type name in a GPT-NeoX `attention_config` (`[[["global", "local"], 6]]`)."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, list | tuple):
+        return set().union(*(_attention_types(v) for v in value)) if value else set()
+    return set()
+
+
+def _uses(*types: str) -> Callable[[Any], bool]:
+    return lambda value: bool(_attention_types(value) & set(types))
+
+
+GATES: dict[str, Gate] = {
+    "moe": Gate(("moe_num_experts",), lambda v: v not in (None, 1), "moe_num_experts > 1"),
+    "rpe": Gate(("pos_emb",), lambda v: v == "rpe", "pos_emb: rpe"),
+    "mup": Gate(("use_mup",), bool, "use_mup: true"),
+    "dpo": Gate(("train_impl",), lambda v: v == "dpo", "train_impl: dpo"),
+    "kto": Gate(("train_impl",), lambda v: v == "kto", "train_impl: kto"),
+    "pairwise": Gate(("dataset_impl",), lambda v: v == "pairwise", "dataset_impl: pairwise"),
+    "unpacked": Gate(("pack_impl",), lambda v: v not in (None, "packed"), "pack_impl != packed"),
+    "unique": Gate(("num_unique_layers",), lambda v: v is not None, "num_unique_layers"),
+    "precompute": Gate(("text_gen_type",), lambda v: v == "precompute", "text_gen_type"),
+    "te": Gate(
+        ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha"),
+        bool,
+        "a TransformerEngine te_* switch",
+    ),
+    "sparse": Gate(
+        ("attention_config",),
+        _uses("sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
+        "sparse attention types in attention_config",
+    ),
+    "gmlp": Gate(("attention_config",), _uses("gmlp", "amlp"), "gmlp/amlp in attention_config"),
+    "mamba": Gate(("attention_config",), _uses("mamba"), "mamba in attention_config"),
+    "rwkv": Gate(("attention_config",), _uses("rwkv"), "rwkv in attention_config"),
+}
+
+NO_EFFECT, REFUSED, IMPLEMENTED = "no effect", "refused", "implemented"
+
+
+@dataclass(frozen=True)
+class NeoxKey:
+    """What one unimplemented GPT-NeoX key does here (see the module docstring)."""
+
+    kind: str
+    defaults: tuple
+    """GPT-NeoX's default first, then values GPT-NeoX treats the same (accepted silently)."""
+    advice: str
+    issue: int | None = None
+    gate: str | None = None
+    implies: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    """For `implemented` keys: `(value, given settings) -> our keys to set` (their effect)."""
+
+    @property
+    def label(self) -> str:
+        if self.kind == REFUSED and self.issue:
+            return f"refused until issue {self.issue}"
+        return self.kind
+
+
+def _none(advice, *defaults, gate=None):
+    return NeoxKey(NO_EFFECT, defaults, advice, gate=gate)
+
+
+def _refused(advice, *defaults, gate=None):
+    return NeoxKey(REFUSED, defaults, advice, gate=gate)
+
+
+def _pending(issue, advice, *defaults, gate=None):
+    return NeoxKey(REFUSED, defaults, advice, issue=issue, gate=gate)
+
+
+_MOE = "mixture-of-experts layers are not built here yet"
+_DPO = "DPO/KTO/reward-model training is not implemented here yet"
+_PAIRS = "pairwise (preference) datasets are not read here yet"
+_TE = "TransformerEngine layers are not built here"
+_MUP = "muP parametrisation is not implemented here"
+_OURS_FP32 = "the output cross entropy is always computed in fp32 here"
+_FP16 = "set loss scaling in the fp16 section (fp16.loss_scale, fp16.hysteresis, ...)"
+_LOG = "a logging/profiling back end this trainer does not have"
+
+NEOX_KEYS: dict[str, NeoxKey] = {
+    # model variants
+    "bias_gelu_fusion": NeoxKey(
+        IMPLEMENTED,
+        (False,),
+        "GPT-NeoX's fused bias-GeLU computes GeLU's tanh approximation: with activation gelu, "
+        "the model uses activation gelu_tanh",
+        implies=lambda on, given: (
+            {"activation": "gelu_tanh"} if on and given.get("activation", "gelu") == "gelu" else {}
+        ),
+    ),
+    "expansion_factor": _refused("set intermediate_size (the MLP width) instead", None),
+    "sliding_window_width": _pending(13, "sliding-window attention is not built yet", None),
+    "layernorm_fusion": _none("fused layer norm kernel; the unfused one computes the same", False),
+    "rmsnorm_fusion": _none("fused RMSNorm kernel; the unfused one computes the same", False),
+    "rpe_num_buckets": _refused("T5 relative position buckets", 32, gate="rpe"),
+    "rpe_max_distance": _refused("T5 relative position distance", 128, gate="rpe"),
+    "opt_pos_emb_offset": _refused("OPT's learned-position offset is not built", 0),
+    "sparsity_config": _refused("sparse attention is not built", None, {}, gate="sparse"),
+    "num_unique_layers": _refused("layer sharing is not built; remove the key", None),
+    "param_sharing_style": _refused("layer sharing", "grouped", gate="unique"),
+    "use_cpu_initialization": _none(
+        "weights are always initialised as full tensors before splitting, as on CPU", False
+    ),
+    "rotary_save_freqs_buffer": _none(
+        "checkpoints never hold the rotary frequencies; they are recomputed", False
+    ),
+    "gmlp_attn_dim": _refused("gMLP blocks are not built", 64, gate="gmlp"),
+    "soft_prompt_tuning": _refused("soft prompt tuning is not implemented", None),
+    "output_layer_parallelism": _refused(
+        "the output layer is always split over the vocabulary (column)", "column"
+    ),
+    "mamba_selective_scan_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
+    "mamba_causal_conv_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
+    "mamba_inner_func_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
+    "mamba_selective_fp32_params": _refused("Mamba blocks are not built", True, gate="mamba"),
+    "mamba_use_bias_in_conv": _refused("Mamba blocks are not built", True, gate="mamba"),
+    "mamba_use_bias_in_linears": _refused("Mamba blocks are not built", False, gate="mamba"),
+    "dim_att": _refused("RWKV blocks are not built", None, gate="rwkv"),
+    "head_size": _refused("RWKV blocks are not built", None, gate="rwkv"),
+    "ffn_dim": _refused("RWKV blocks are not built", None, gate="rwkv"),
+    "te_columnparallel": _refused(_TE, False),
+    "te_rowparallel": _refused(_TE, False),
+    "te_layernorm_mlp": _refused(_TE, False),
+    "te_mha": _refused(_TE, False),
+    "te_fp8_mha": _refused(_TE + " (no FP8 training)", False),
+    "te_fp8_format": _refused(_TE, "hybrid", gate="te"),
+    "te_fp8_wgrad": _refused(_TE, True, gate="te"),
+    "te_fp8_amax_history_len": _refused(_TE, 1, gate="te"),
+    "te_fp8_amax_compute_algo": _refused(_TE, "most_recent", gate="te"),
+    "te_fp8_margin": _refused(_TE, 0, gate="te"),
+    "bias_dropout_fusion": _none("fused bias-dropout-add; unfused computes the same", False),
+    "fp16_lm_cross_entropy": _refused(_OURS_FP32, False),
+    # mixture of experts (issue 13)
+    "moe_num_experts": _pending(13, _MOE, 1),
+    "moe_type": _pending(13, _MOE, "megablocks", gate="moe"),
+    "moe_top_k": _pending(13, _MOE, 1, gate="moe"),
+    "moe_router_type": _pending(13, _MOE, "sinkhorn", gate="moe"),
+    "moe_lbl_in_fp32": _pending(13, _MOE, False, gate="moe"),
+    "moe_jitter_eps": _pending(13, _MOE, None, gate="moe"),
+    "moe_glu": _pending(13, _MOE, False, gate="moe"),
+    "moe_token_dropping": _pending(13, _MOE, False, gate="moe"),
+    "moe_use_residual": _pending(13, _MOE, True, gate="moe"),
+    "moe_train_capacity_factor": _pending(13, _MOE, 1.0, gate="moe"),
+    "moe_eval_capacity_factor": _pending(13, _MOE, 1.0, gate="moe"),
+    "moe_min_capacity": _pending(13, _MOE, 4, gate="moe"),
+    "moe_aux_loss_coeff": _pending(13, _MOE, 0.1, gate="moe"),
+    "moe_z_loss_coeff": _pending(13, _MOE, 0.0, gate="moe"),
+    "moe_expert_parallel_size": _pending(13, _MOE, 1, gate="moe"),
+    "enable_expert_tensor_parallelism": _pending(13, _MOE, False, gate="moe"),
+    "expert_interval": _pending(13, _MOE, 2, gate="moe"),
+    "z_loss": _pending(13, "the z-loss term is not implemented yet", 0.0),
+    # objectives and datasets (issue 12)
+    "train_impl": _pending(12, _DPO, "normal"),
+    "dataset_impl": _pending(12, _PAIRS, "gpt2"),
+    "pack_impl": _pending(12, "only GPT-NeoX's default packing is implemented", "packed"),
+    "allow_chopped": _pending(12, "unpacked datasets are not implemented", True, gate="unpacked"),
+    "dpo_fp32": _pending(12, _DPO, True, gate="dpo"),
+    "dpo_beta": _pending(12, _DPO, 0.1, gate="dpo"),
+    "dpo_reference_free": _pending(12, _DPO, False, gate="dpo"),
+    "kto_fp32": _pending(12, _DPO, True, gate="kto"),
+    "kto_desirable_weight": _pending(12, _DPO, 1.0, gate="kto"),
+    "kto_undesirable_weight": _pending(12, _DPO, 1.0, gate="kto"),
+    "kto_beta": _pending(12, _DPO, 0.1, gate="kto"),
+    "precompute_model_name": _pending(12, "precompute is not supported", None, gate="precompute"),
+    **{
+        f"{split}_reward_data_paths": _pending(12, _DPO, None, gate="kto")
+        for split in ("train", "valid", "test")
+    },
+    **{
+        f"{side}_{split}_{kind}_paths": _pending(12, _PAIRS, None, gate="pairwise")
+        for split in ("train", "valid", "test")
+        for side in ("pos", "neg")
+        for kind in ("data", "label_data")
+    },
+    # optimizer, data and schedule
+    "use_bnb_optimizer": _refused("bitsandbytes 8-bit optimizers are not implemented", False),
+    "short_seq_prob": _refused("short-sequence sampling is not implemented", 0.1),
+    "curriculum_seqlen": _refused("sequence-length curriculum is not implemented", 0),
+    "use_mup": _refused(_MUP, False),
+    "coord_check": _refused(_MUP, False, gate="mup"),
+    "save_base_shapes": _refused(_MUP, False, gate="mup"),
+    "base_shapes_file": _refused(_MUP, None, gate="mup"),
+    "mup_init_scale": _refused(_MUP, 1.0, gate="mup"),
+    "mup_attn_temp": _refused(_MUP, 1.0, gate="mup"),
+    "mup_output_temp": _refused(_MUP, 1.0, gate="mup"),
+    "mup_embedding_mult": _refused(_MUP, 1.0, gate="mup"),
+    "mup_rp_embedding_mult": _refused(_MUP, 1.0, gate="mup"),
+    "mup_width_scale": _refused(_MUP, 2, gate="mup"),
+    "hysteresis": _refused(_FP16, 2),
+    "loss_scale": _refused(_FP16, None),
+    "loss_scale_window": _refused(_FP16, 1000.0),
+    "min_scale": _refused(_FP16, 1.0),
+    "scheduler": _refused("the LR schedule comes from lr_decay_style, warmup, min_lr", None),
+    "sparse_attention": _refused("DeepSpeed sparse attention is not built", None),
+    "autotuning_run": _refused("DeepSpeed autotuning (changes batch sizes) is not run", None),
+    # no effect on what is trained
+    "checkpoint_validation_with_forward_pass": _none("a check after loading", False),
+    "char_level_ppl": _none("an extra evaluation metric", False),
+    "return_logits": _none("generation output detail", False),
+    "eval_interval_early": _none("evaluation schedule only; eval_interval applies", None),
+    "lazy_mpu_init": _none("process groups are always set up at start", False),
+    "onnx_safe": _none("GeLU is already computed with erf", False),
+    "adlr_autoresume": _none("ADLR cluster auto-resume; SIGTERM saves and exits here", False),
+    "adlr_autoresume_interval": _none("ADLR cluster auto-resume", 1000),
+    "deepscale": _none("deprecated in GPT-NeoX", False),
+    "deepscale_config": _none("deprecated in GPT-NeoX", None),
+    "deepspeed_activation_checkpointing": _none("deprecated in GPT-NeoX", True),
+    "activation_checkpointing": _none("use checkpoint_activations and its keys", None),
+    "s3_path": _none("checkpoints are not uploaded to S3", None),
+    "s3_chunk_size": _none("checkpoints are not uploaded to S3", 104_857_600),
+    "detect_nvlink_pairs": _none("launcher detail", False),
+    "log_optimizer_states": _none(_LOG, False),
+    "wandb_init_all_ranks": _none(_LOG, False),
+    "log_grad_pct_zeros": _none(_LOG, False),
+    "log_gradient_noise_scale": _none(_LOG, False),
+    "gradient_noise_scale_n_batches": _none(_LOG, 5),
+    "gradient_noise_scale_cpu_offload": _none(_LOG, False),
+    "memory_profiling": _none(_LOG, False),
+    "memory_profiling_path": _none(_LOG, None),
+    "profile": _none(_LOG, False),
+    "profile_step_start": _none(_LOG, 10),
+    "profile_step_stop": _none(_LOG, 12),
+    "use_comet": _none(_LOG, None, False),
+    "comet_workspace": _none(_LOG, None),
+    "comet_project": _none(_LOG, None),
+    "comet_experiment_name": _none(_LOG, None),
+    "comet_tags": _none(_LOG, None),
+    "comet_others": _none(_LOG, None),
+    "tensorboard": _none("DeepSpeed's monitor section; use tensorboard_dir", None),
+    "wandb": _none("DeepSpeed's monitor section; use use_wandb", None),
+}
+
+# Values our schema accepts (GPT-NeoX's vocabulary) that nothing here builds or runs:
+# (key, value) -> what to do instead. Refused at resolution, never on the workers.
+REFUSED_VALUES: dict[tuple[str, str], str] = {
+    ("pos_emb", "rpe"): "T5 relative position encoding is not built; use rotary or alibi",
+    ("data_impl", "cached"): (
+        "only the mmap .bin/.idx format is read; re-run tools/preprocess_data.py and use "
+        "data_impl: mmap"
+    ),
+    ("text_gen_type", "precompute"): (
+        "generate.py does not precompute log-probabilities; use unconditional, input-file or "
+        "interactive"
+    ),
+}

@@ -19,18 +19,28 @@ OPTIMIZER_TYPES = (
     "SGD",
 )
 
+# What GPT-NeoX trains with when a config has no `optimizer` section (its OPT_DEFAULT and
+# OPT_PARAMS_DEFAULTS, the Adam entries): Adam, lr 1e-3, betas (0.9, 0.999), eps 1e-8. Weight
+# decay comes from `weight_decay`, as for every optimizer here.
+NEOX_DEFAULT_OPTIMIZER = "Adam"
+NEOX_DEFAULT_LR = 1.0e-3
+NEOX_DEFAULT_PARAMS: dict[str, Any] = {"betas": [0.9, 0.999], "eps": 1.0e-8}
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
     optimizer: dict[str, Any] | None = None
     """`{type, params}` as in GPT-NeoX: type is one of Adam, AdamW, OneBitAdam, CPU_Adam,
-    CPU_torch_adam, SM3, madgrad_wd, Lion, SGD; params holds `lr`, `betas`, `eps`, ... ."""
+    CPU_torch_adam, SM3, madgrad_wd, Lion, SGD; params holds `lr`, `betas`, `eps`, ... .
+    Without it (or without a type or lr in it), GPT-NeoX's default is used with a warning:
+    Adam, lr 1e-3, betas [0.9, 0.999], eps 1e-8."""
 
     lr: float | None = None
     """Peak learning rate; by default taken from `optimizer.params.lr`."""
 
-    weight_decay: float = 0.01
-    """Decoupled weight decay; never applied to biases and norm weights."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (GPT-NeoX's default 0.1); never applied to biases and norm
+    weights."""
 
     gradient_clipping: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""

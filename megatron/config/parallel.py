@@ -34,6 +34,10 @@ class ParallelConfig:
     distributed_backend: Literal["nccl", "gloo", "mpi", "ccl"] = "nccl"
     """torch.distributed backend; without a GPU, gloo is used whatever this says."""
 
+    distributed_timeout_minutes: float = 10.0
+    """Collective timeout in minutes (Megatron-LM's key and default): a rank waiting this long
+    for a dead or hung peer fails instead of hanging (DeepSpeed's own default is 30)."""
+
     world_size: int | None = derived()
     """Number of ranks of the run (derived from the launcher settings)."""
 

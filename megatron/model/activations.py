@@ -30,6 +30,13 @@ class GeLU(Activation):
         return F.gelu(a)
 
 
+class GeLUTanh(Activation):
+    """GeLU's tanh approximation: what GPT-NeoX's fused bias-GeLU kernel computes."""
+
+    def __call__(self, a):
+        return F.gelu(a, approximate="tanh")
+
+
 class SiLU(Activation):
     def __call__(self, a):
         return F.silu(a)
@@ -59,6 +66,7 @@ class GatedActivation(Activation):
 
 ACTIVATIONS: dict[str, type[Activation] | tuple[type[Activation]]] = {
     "gelu": GeLU,
+    "gelu_tanh": GeLUTanh,
     "silu": SiLU,
     "relu": ReLU,
     "relu_squared": ReLUSquared,

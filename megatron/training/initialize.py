@@ -24,7 +24,10 @@ def initialize_distributed(cfg):
 
     if not (dist.is_available() and dist.is_initialized()):
         setup_distributed_env(cfg.launcher)
-    init_distributed(cfg.parallel.distributed_backend)
+    init_distributed(
+        cfg.parallel.distributed_backend,
+        timeout_minutes=cfg.parallel.distributed_timeout_minutes,
+    )
     set_cpu_threads()
     return ParallelTopology.from_config(cfg)
 

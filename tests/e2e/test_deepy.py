@@ -135,3 +135,47 @@ def test_mpi_mode_through_mpirun(tmp_path):
     proc = deepy(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_identical(read_ranks(tmp_path, 2), expected)
+
+
+@pytest.mark.parametrize(
+    "extra, key, dry_run",
+    [
+        ("moe_num_experts: 8\n", "moe_num_experts", False),
+        ("train_impl: dpo\ndpo_beta: 0.2\n", "dpo_beta", False),
+        ("data_impl: cached\n", "data_impl", True),
+    ],
+)
+def test_config_that_would_train_something_else_launches_nothing(tmp_path, extra, key, dry_run):
+    machine = machine_file(tmp_path, f"num_gpus: 2\nmaster_port: {free_port()}\n{extra}")
+    args = [str(WORKER), "configs/small.yml", str(machine)] + (["--dry-run"] if dry_run else [])
+    proc = deepy(args, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"config key '{key}' ({machine})" in proc.stderr
+    assert "GPT-NeoX's default" in proc.stderr or "not supported" in proc.stderr
+    assert "deepspeed.launcher.runner" not in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_positional_encoding_the_model_cannot_build_is_refused_in_a_dry_run(tmp_path):
+    machine = machine_file(tmp_path, "num_gpus: 2\n")
+    args = ["--dry-run", str(WORKER), "configs/small.yml", str(machine), "--set", "pos_emb=rpe"]
+    proc = deepy(args, tmp_path)
+    assert proc.returncode == 2 and "config key 'pos_emb' (--set): 'rpe'" in proc.stderr
+    assert "deepspeed.launcher.runner" not in proc.stdout
+
+
+def test_model_only_config_generates_but_does_not_train(tmp_path):
+    model = tmp_path / "model.yml"
+    model.write_text(
+        "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\n"
+        f"tokenizer_type: HFTokenizer\nvocab_file: {TOKENIZER}\nload: {tmp_path}/ckpt\n"
+    )
+    proc = deepy(["--dry-run", "generate.py", str(model)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "generate.py --megatron_config" in proc.stdout and "optimizer" not in proc.stderr
+    proc = deepy(["--dry-run", "train.py", str(model)], tmp_path)
+    assert proc.returncode == 2 and "train_micro_batch_size_per_gpu" in proc.stderr
+    args = ["--dry-run", "train.py", str(model), "--set", "train_micro_batch_size_per_gpu=2"]
+    proc = deepy(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GPT-NeoX's default optimizer Adam" in proc.stderr

@@ -175,15 +175,14 @@ def test_derived_keys_cannot_be_set(write):
         _load(write, "data_parallel_size: 2\n")
 
 
-def test_renamed_and_unimplemented_keys_warn_and_map(write):
+def test_renamed_keys_map_and_unimplemented_keys_at_neox_default_pass(write):
     warn: list[str] = []
-    a = write("a.yml", MINIMAL + "save_interval: 50\ntrain_data_path: d/x\nmoe_num_experts: 8\n")
+    a = write("a.yml", MINIMAL + "save_interval: 50\ntrain_data_path: d/x\nmoe_num_experts: 1\n")
     cfg = load_config([a], warn=warn)
     assert cfg.checkpointing.checkpoint_factor == 50
     assert cfg.data.train_data_paths == ["d/x"]
-    assert cfg.unimplemented == {"moe_num_experts": 8}
-    assert len(warn) == 3 and all("a.yml" in w for w in warn)
-    assert any("moe_num_experts" in w and "not implemented" in w for w in warn)
+    assert cfg.unimplemented == {"moe_num_experts": 1}
+    assert len(warn) == 2 and all("a.yml" in w and "now called" in w for w in warn)
 
 
 def test_old_and_new_name_together_is_an_error(write):
