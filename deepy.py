@@ -2,17 +2,24 @@
 """Launch a worker script on every rank with one validated config.
 
     python deepy.py train.py configs/160M.yml local.yml [--set train_iters=20] [--dry-run]
+        [--verbose]
     python deepy.py --describe [KEY] [--markdown]
 
-The config files are merged, validated and resolved here, before anything starts: a bad config
-exits non-zero with a message naming the file and key, and launches nothing. The resolved
-config travels to every worker as one shell-safe bundle argument; the DeepSpeed runner starts
-the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
+The config files are merged, validated and resolved here, before anything starts: a bad config,
+an optional package the config needs but this Python lacks (with the pip command that installs
+it) or a `master_port` already in use exits with status 2, a message naming the file and key,
+and launches nothing. Without `master_port`, a one-machine run takes a free port, so two runs
+on one machine do not collide.
+
+The resolved config travels to every worker as one shell-safe bundle argument; the DeepSpeed
+runner starts the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
+The console shows our own lines, warnings and errors; `--verbose` adds DeepSpeed's INFO lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -29,6 +36,8 @@ from megatron.config.resolve import (
     settings_group,
 )
 from megatron.launcher import LauncherError
+from megatron.launcher.ports import choose_master_port
+from megatron.launcher.preflight import check_optional_packages
 
 log = logging.getLogger("deepy")
 
@@ -52,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dry-run",
         action="store_true",
         help="validate, print the resolved config and the runner command, launch nothing",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show DeepSpeed's INFO lines (runner, launcher, engine) and worker commands",
     )
     parser.add_argument(
         "--describe",
@@ -87,6 +101,7 @@ def resolve(args: argparse.Namespace) -> Config:
     from megatron.launcher import planned_world_size
 
     settings = load_settings(args.configs, args.overrides)
+    check_optional_packages(args.script, functools.partial(settings_group, settings))
     world_size = planned_world_size(settings_group(settings, "launcher"))
     vocab = vocab_size_of(settings_group(settings, "tokenizer"), args.dry_run)
     warnings: list[str] = []
@@ -98,7 +113,8 @@ def resolve(args: argparse.Namespace) -> Config:
         training=is_training_script(args.script),
     )
     log_warnings(warnings)
-    return cfg
+    port_set_in = settings["master_port"].source if "master_port" in settings else None
+    return cfg.replace(master_port=choose_master_port(cfg.launcher, set_in=port_set_in))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,13 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve(args)
     from megatron.launcher import prepare_launch, run_launch
 
-    with prepare_launch(cfg.launcher, args.script, [BUNDLE_FLAG, encode_bundle(cfg)]) as plan:
+    user_args = [BUNDLE_FLAG, encode_bundle(cfg)]
+    with prepare_launch(cfg.launcher, args.script, user_args, verbose=args.verbose) as plan:
         if args.dry_run:
             resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
             print(json.dumps(resolved, indent=2, sort_keys=True))
             print(plan.display())
             return 0
-        log.info("launching %d rank(s)", plan.world_size)
+        log.info(
+            "launching %s on %d rank(s), master port %d%s",
+            os.path.basename(args.script),
+            plan.world_size,
+            cfg.launcher.master_port,
+            "" if args.verbose else " (--verbose shows DeepSpeed's launch lines)",
+        )
         return run_launch(plan)
 
 

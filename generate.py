@@ -9,9 +9,11 @@ come from `load` (any tensor/pipeline layout).
 """
 
 from megatron.config import config_from_argv
+from megatron.launcher.verbosity import setup_worker_logging
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_worker_logging(argv)
     cfg = config_from_argv(argv)
     from megatron.inference import generate_from_config
 

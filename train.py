@@ -1,9 +1,11 @@
 """Worker entry point, started by `deepy.py` on every rank: decode the config bundle, train."""
 
 from megatron.config import config_from_argv
+from megatron.launcher.verbosity import setup_worker_logging
 
 
 def main(argv: list[str] | None = None) -> None:
+    setup_worker_logging(argv)
     cfg = config_from_argv(argv)
     from megatron.training import pretrain
 

@@ -14,6 +14,7 @@ import os
 from datetime import timedelta
 
 from megatron.launcher.errors import WorkerEnvironmentError
+from megatron.launcher.verbosity import quiet_deepspeed, sync_deepspeed_logger
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float | Non
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
+    sync_deepspeed_logger()
     if dist.is_available() and dist.is_initialized():
         deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
         return dist.get_backend()
@@ -75,5 +77,8 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float | Non
     kwargs = {}
     if timeout_minutes is not None:
         kwargs["timeout"] = timedelta(minutes=timeout_minutes)
-    deepspeed.init_distributed(dist_backend=name, auto_mpi_discovery=False, verbose=False, **kwargs)
+    with quiet_deepspeed():  # on CPU it prints that it built its shared-memory op
+        deepspeed.init_distributed(
+            dist_backend=name, auto_mpi_discovery=False, verbose=False, **kwargs
+        )
     return name

@@ -4,6 +4,10 @@
         print(plan.display())               # the runner command, secrets redacted
         returncode = run_launch(plan)       # blocks until every worker has exited
 
+Quiet by default: the runner logs at WARNING (its INFO lines carry the worker commands and
+their config bundle); `verbose=True` passes its INFO lines and `--verbose` to the workers (see
+megatron.launcher.verbosity).
+
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
 runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
 (SLURM_JOB_NODELIST), it writes a hostfile of the allocation's nodes for the runner.
@@ -36,6 +40,7 @@ from megatron.launcher.secrets import (
     secret_names,
     write_secrets_file,
 )
+from megatron.launcher.verbosity import runner_log_level, worker_args
 
 DEFAULT_LAUNCH_DIR = ".megatron_launch"
 
@@ -80,6 +85,7 @@ def prepare_launch(
     launch_dir: str | None = None,
     extra_secret_names: Iterable[str] = (),
     device_count: int | None = None,
+    verbose: bool = False,
 ) -> Iterator[LaunchPlan]:
     """Resolve, validate and stage a launch; clean up its files on exit.
 
@@ -94,6 +100,8 @@ def prepare_launch(
             requires to be shared).
         extra_secret_names: variables to treat as secrets besides `is_secret_name` matches.
         device_count: GPUs on this machine (None: ask torch).
+        verbose: show DeepSpeed's INFO lines (runner, launch.py, workers); default: warnings
+            and errors only.
 
     Raises:
         LauncherError: a bad setting, hostfile or argument, before anything starts.
@@ -125,10 +133,11 @@ def prepare_launch(
         argv = runner_argv_for_plan(
             resources,
             script,
-            user_args,
+            [*user_args, *worker_args(verbose)],
             python=python,
             forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
             env_script=secrets_file,
+            log_level=runner_log_level(verbose),
         )
         secret_values = {name: environ[name] for name in secret_names(environ, extra)}
         yield LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)

@@ -5,7 +5,7 @@
     [python, "-m", "deepspeed.launcher.runner", --hostfile H, --include I | --exclude E,
      --num_nodes N, --num_gpus G, --master_addr A, --master_port P, --launcher L,
      --launcher_args "...", --force_multi, --no_ssh_check, --venv_script S,
-     --no_local_rank, SCRIPT, *USER_ARGS]
+     --log_level LEVEL, --no_local_rank, SCRIPT, *USER_ARGS]
 
 with each optional flag present only when it applies. The runner is started as a module of
 the given Python, so no `deepspeed` console script is needed on PATH. `--no_local_rank` is
@@ -35,6 +35,7 @@ def build_runner_argv(
     device_count: int | None = None,
     forward_env: Sequence[str] = (),
     env_script: str | None = None,
+    log_level: str | None = None,
 ) -> list[str]:
     """The argv that runs DeepSpeed's runner for `script` with `user_args` on every rank.
 
@@ -52,6 +53,8 @@ def build_runner_argv(
         forward_env: names of variables that must reach remote ranks by name only (OpenMPI
             `-x NAME`); see `megatron.launcher.launch.prepare_launch`.
         env_script: a file every pdsh node sources before starting (`--venv_script`).
+        log_level: the runner's `--log_level` (see megatron.launcher.verbosity); None: the
+            runner's default (info).
 
     Raises:
         LauncherError: a setting, the hostfile or an argument that cannot work, naming the
@@ -59,7 +62,13 @@ def build_runner_argv(
     """
     plan = plan_resources(launcher, device_count=device_count)
     return runner_argv_for_plan(
-        plan, script, user_args, python=python, forward_env=forward_env, env_script=env_script
+        plan,
+        script,
+        user_args,
+        python=python,
+        forward_env=forward_env,
+        env_script=env_script,
+        log_level=log_level,
     )
 
 
@@ -71,6 +80,7 @@ def runner_argv_for_plan(
     python: str = sys.executable,
     forward_env: Sequence[str] = (),
     env_script: str | None = None,
+    log_level: str | None = None,
 ) -> list[str]:
     """`build_runner_argv` for an already resolved plan (see there)."""
     if not script:
@@ -107,5 +117,7 @@ def runner_argv_for_plan(
     if settings.no_ssh_check or not backend.uses_ssh:
         argv.append("--no_ssh_check")
     argv += backend.extra_flags(plan, env_script)
+    if log_level:
+        argv += ["--log_level", log_level]
     argv += ["--no_local_rank", script, *user_args]
     return argv

@@ -27,6 +27,7 @@ from deepspeed.pipe import PipelineModule, TiedLayerSpec
 from torch import nn
 
 from megatron.config.ds_export import PIPELINE_SP_SECTION
+from megatron.launcher.verbosity import quiet_deepspeed
 from megatron.model.args import ModelArgs
 from megatron.model.loss import bound_loss_fn
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES, gpt_layer_specs
@@ -147,14 +148,15 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
                 "PipelineModule, which needs the ParallelTopology (and torch.distributed "
                 "initialised); pass build_model(cfg, topology)"
             )
-        model = PipelineModule(
-            layers=specs,
-            topology=topology.ds_topology,
-            loss_fn=bound_loss_fn(tp_group),
-            partition_method=partition_method,
-            activation_checkpoint_interval=interval,
-            checkpointable_layers=TRANSFORMER_LAYER_NAMES,
-        )
+        with quiet_deepspeed():  # it prints its partition of the layers (deepy --verbose)
+            model = PipelineModule(
+                layers=specs,
+                topology=topology.ds_topology,
+                loss_fn=bound_loss_fn(tp_group),
+                partition_method=partition_method,
+                activation_checkpoint_interval=interval,
+                checkpointable_layers=TRANSFORMER_LAYER_NAMES,
+            )
     else:
         model = GPTModel(specs, loss_fn=bound_loss_fn(tp_group), checkpoint_num_layers=interval)
     model.args = args

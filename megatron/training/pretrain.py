@@ -36,7 +36,7 @@ from megatron.training.loggers import build_loggers
 from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
 from megatron.training.monitor import TrainMonitor
 from megatron.training.norms import GradNormRecorder
-from megatron.training.report import startup_report
+from megatron.training.report import final_summary, startup_report
 from megatron.training.signals import StopRequest
 from megatron.training.steps import engine_steps
 
@@ -207,6 +207,7 @@ def pretrain(cfg) -> TrainResult:
 
     flops = training_flops_per_token(shape_from_config(cfg))
     loggers = build_loggers(cfg, rank, train_iters)
+    started_at = state.iteration
     try:
         _report(cfg, topology, loggers, flops, train_iters, state, datasets)
         steps = engine_steps(engine, topology)
@@ -250,6 +251,11 @@ def pretrain(cfg) -> TrainResult:
             result.valid = evaluator.last
             if t.do_test:
                 result.test = evaluator.run(state.iteration, "test", make_batches(datasets[2], 0))
+        seconds = monitor.clock() - monitor.start
+        summary = final_summary(
+            cfg, result, started_at=started_at, train_iters=train_iters, seconds=seconds
+        )
+        loggers.log_text(summary)
     finally:
         loggers.close()
     return result

@@ -47,3 +47,46 @@ def startup_report(
             f"  data: {data}",
         ]
     )
+
+
+def final_summary(cfg, result, *, started_at: int, train_iters: int, seconds: float) -> str:
+    """Lines printed once by rank 0 when training ends: where it stopped, the final losses,
+    tokens and time of this run, and where the checkpoint and the logs are.
+
+    `result` is pretrain's `TrainResult`; `started_at` the iteration the run resumed from;
+    `seconds` the time since the first step (evaluations included).
+    """
+    from megatron.training.checkpointing import read_latest
+    from megatron.training.loggers.console import format_duration
+
+    tokens = (result.iteration - started_at) * cfg.training.train_batch_size * cfg.model.seq_length
+    if result.stopped:
+        status = f"stopped early at iteration {result.iteration} of {train_iters}"
+    else:
+        status = f"finished at iteration {result.iteration} of {train_iters}"
+    losses = [f"train {result.losses[-1]:.4f} (last step)"] if result.losses else []
+    for split, ev in (("valid", result.valid), ("test", result.test)):
+        if ev is not None:
+            losses.append(f"{split} {ev.loss:.4f} (perplexity {ev.perplexity:.3f})")
+    speed = f" ({tokens / seconds:,.0f} tokens/s)" if seconds > 0 else ""
+    save = cfg.checkpointing.save
+    tag = read_latest(save) if save else None
+    return "\n".join(
+        [
+            "run summary",
+            f"  {status}",
+            f"  final loss: {', '.join(losses) or '-'}",
+            f"  tokens: {tokens:,} in {format_duration(seconds)}{speed}",
+            f"  checkpoint: {f'{save}/{tag}' if tag else 'none (set save to keep one)'}",
+            f"  logs: {_log_places(cfg.logging)}",
+        ]
+    )
+
+
+def _log_places(lg) -> str:
+    places = [f"{lg.log_dir}/metrics.jsonl" if lg.log_dir else "console only (no log_dir)"]
+    if lg.tensorboard_dir:
+        places.append(f"TensorBoard {lg.tensorboard_dir}")
+    if lg.use_wandb:
+        places.append(f"wandb project {lg.wandb_project}")
+    return ", ".join(places)

@@ -58,3 +58,21 @@ def test_num_nodes_trims_the_allocation_and_is_checked():
     assert planned_world_size({**SLURM, "num_nodes": 2}, environ=ALLOCATION) == 8
     with pytest.raises(LauncherError, match="num_nodes: 5 but only 3 host"):
         planned_world_size({**SLURM, "num_nodes": 5}, environ=ALLOCATION)
+
+
+@pytest.mark.parametrize("verbose, level", [(False, "warning"), (True, "info")])
+def test_verbosity_reaches_the_runner_and_the_workers(tmp_path, verbose, level):
+    with prepare_launch(
+        {"num_gpus": 2},
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ={"PATH": "/bin"},
+        launch_dir=str(tmp_path),
+        device_count=0,
+        verbose=verbose,
+    ) as plan:
+        argv = plan.argv
+    # The runner's INFO lines carry the worker commands (and bundle): shown only if verbose.
+    assert argv[argv.index("--log_level") + 1] == level
+    tail = argv[argv.index("train.py") :]
+    assert tail == ["train.py", "--megatron_config", "abc", *(["--verbose"] if verbose else [])]

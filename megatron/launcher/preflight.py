@@ -1,0 +1,108 @@
+"""Optional packages a run needs, checked on the launching machine before any worker starts.
+
+    check_optional_packages("train.py", group)   # raises MissingPackageError, naming the pip
+                                                 # command that installs what is missing
+
+`group(name)` returns a config group (`logging`, `tokenizer`): `deepy.py` passes the groups of
+the merged settings, before the full resolution (which already loads the tokenizer). The table
+`OPTIONAL_PACKAGES` is the one place that says which setting needs which package; the
+requirement strings are the ones of `requirements/requirements-*.txt` (a test keeps them
+equal). Finding a package is `importlib.util.find_spec` (nothing is imported), so the check
+costs milliseconds.
+
+Not listed: zstandard (only `tools/preprocess_data.py` reads `.zst`, and says so itself) and
+transformers (only the checkpoint tools use it; nothing `deepy.py` launches imports it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from megatron.launcher.errors import LauncherError
+
+TRAIN, EVAL = "train.py", "eval.py"
+HF_TOKENIZERS = ("GPT2BPETokenizer", "HFGPT2Tokenizer", "HFTokenizer")
+GroupOf = Callable[[str], object]  # config group by name, e.g. group("logging").use_wandb
+
+
+class MissingPackageError(LauncherError):
+    """The config needs a package this Python cannot import; the message has the pip command."""
+
+
+@dataclass(frozen=True)
+class OptionalPackage:
+    """A package that some runs need: `needed_by(script, group)` says why, or None."""
+
+    module: str
+    """The import name looked up with `find_spec`."""
+    requirement: str
+    """What to `pip install`, as written in requirements/."""
+    needed_by: Callable[[str, GroupOf], str | None]
+
+
+def _tensorboard(script: str, group: GroupOf) -> str | None:
+    directory = group("logging").tensorboard_dir
+    return f"tensorboard_dir: {directory}" if script == TRAIN and directory else None
+
+
+def _wandb(script: str, group: GroupOf) -> str | None:
+    return "use_wandb: true" if script == TRAIN and group("logging").use_wandb else None
+
+
+def _lm_eval(script: str, group: GroupOf) -> str | None:
+    return "eval.py runs the lm-eval harness" if script == EVAL else None
+
+
+def _tokenizer(*types: str) -> Callable[[str, GroupOf], str | None]:
+    def needed(script: str, group: GroupOf) -> str | None:
+        kind = group("tokenizer").tokenizer_type
+        return f"tokenizer_type: {kind}" if kind in types else None
+
+    return needed
+
+
+OPTIONAL_PACKAGES = (
+    OptionalPackage("tensorboard", "tensorboard>=2.15", _tensorboard),
+    OptionalPackage("wandb", "wandb>=0.17", _wandb),
+    OptionalPackage("lm_eval", "lm-eval[hf]==0.4.13", _lm_eval),
+    OptionalPackage("sentencepiece", "sentencepiece>=0.2", _tokenizer("SPMTokenizer")),
+    OptionalPackage("tokenizers", "tokenizers>=0.20", _tokenizer(*HF_TOKENIZERS)),
+)
+
+
+def is_installed(module: str) -> bool:
+    """Whether `module` can be imported here (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a blocked or half-installed package
+        return False
+
+
+def missing_packages(script: str, group: GroupOf) -> list[tuple[OptionalPackage, str]]:
+    """(package, the setting that needs it) for every needed package that is not installed."""
+    name = os.path.basename(script)
+    missing = []
+    for package in OPTIONAL_PACKAGES:
+        reason = package.needed_by(name, group)
+        if reason and not is_installed(package.module):
+            missing.append((package, reason))
+    return missing
+
+
+def check_optional_packages(script: str, group: GroupOf) -> None:
+    """Raise `MissingPackageError` if the run needs a package that is not installed."""
+    missing = missing_packages(script, group)
+    if not missing:
+        return
+    lines = [f"  {p.module} (needed by {why})" for p, why in missing]
+    command = shlex.join(["pip", "install", *(p.requirement for p, _ in missing)])
+    raise MissingPackageError(
+        f"{os.path.basename(script)} with this config needs packages that are not installed:\n"
+        + "\n".join(lines)
+        + f"\nInstall them with:\n  {command}\nor change the settings named above. "
+        "Nothing was launched."
+    )

@@ -1,0 +1,123 @@
+"""What a person sees, through `deepy.py` on CPU ranks: a quiet console by default (our report,
+one line per log interval with ETA, evaluations, checkpoints, a final summary; no DeepSpeed INFO
+lines, no config bundle), everything with `--verbose`; a free rendezvous port when the config
+sets none (while another run holds 29500); and refusals before any worker starts: a missing
+optional package (with the pip command) and a `master_port` that is taken."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron.config.bundle import BUNDLE_FLAG
+from tests.unit.training.tiny_run import tiny_settings
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 300
+MARKER_WORKER = "import pathlib, sys\npathlib.Path(sys.argv[0]).with_suffix('.ran').touch()\n"
+
+
+def write_config(folder: Path, **changes) -> Path:
+    """A tiny 4-iteration run (no master_port unless given) writing under `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = tiny_settings(folder, train_iters=4, eval_interval=2, checkpoint_factor=4)
+    settings.update(changes)
+    path = folder / "run.yml"
+    path.write_text(json.dumps(settings))
+    return path
+
+
+def deepy(script: str | Path, config: Path, *flags: str, env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, "deepy.py", str(script), str(config), *flags],
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+@pytest.fixture
+def default_port_taken():
+    """Hold 29500 (DeepSpeed's and GPT-NeoX's default) as a first run on this machine would."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("", 29500))
+        sock.listen()
+    except OSError:
+        pass  # someone else holds it already: the same situation
+    yield
+    sock.close()
+
+
+def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
+    folder = tmp_path / "run"
+    proc = deepy("train.py", write_config(folder))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "[INFO]" not in out and BUNDLE_FLAG not in out
+    assert "SEED_LAYERS" not in out and "built successfully" not in out  # DeepSpeed's prints
+    assert "start-up report" in out
+    intervals = [line for line in out.splitlines() if line.startswith("iteration ")]
+    assert [line.split(" | ")[0] for line in intervals] == [f"iteration {i}/4" for i in range(1, 5)]
+    assert all(" | ETA " in line for line in intervals)
+    assert "valid at iteration 2 | loss" in out and "saved checkpoint global_step4" in out
+    summary = out[out.index("run summary") :]
+    assert "finished at iteration 4 of 4" in summary and "final loss: train " in summary
+    assert "tokens: 512 in " in summary  # 4 steps × global batch 4 × 32 tokens
+    assert f"checkpoint: {folder / 'ckpt' / 'global_step4'}" in summary
+    assert f"logs: {folder / 'logs' / 'metrics.jsonl'}" in summary
+    port = int(out.split("master port ")[1].split()[0])
+    assert port != 29500  # picked free, so it did not collide with the run holding 29500
+
+
+def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
+    proc = deepy("train.py", write_config(tmp_path / "run", train_iters=1), "--verbose")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "[INFO] [runner.py" in out and "[INFO] [launch.py" in out
+    assert BUNDLE_FLAG in out and "SEED_LAYERS" in out
+    assert "DeepSpeedEngine configuration" in out  # the engine's INFO lines on the worker
+    assert "run summary" in out
+
+
+@pytest.fixture
+def marker_worker(tmp_path):
+    """A worker script named train.py that only leaves a file behind if it is ever started."""
+    script = tmp_path / "worker" / "train.py"
+    script.parent.mkdir()
+    script.write_text(MARKER_WORKER)
+    return script
+
+
+def test_missing_optional_package_is_refused_before_launch(tmp_path, marker_worker):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")
+    config = write_config(tmp_path / "run", tensorboard_dir=str(tmp_path / "tb"))
+    env = {"PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
+    proc = deepy(marker_worker, config, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "pip install 'tensorboard>=2.15'" in proc.stderr
+    assert f"tensorboard_dir: {tmp_path / 'tb'}" in proc.stderr
+    assert not marker_worker.with_suffix(".ran").exists() and "launching" not in proc.stderr
+
+
+def test_taken_master_port_is_refused_before_launch(tmp_path, marker_worker):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        config = write_config(tmp_path / "run", master_port=port)
+        proc = deepy(marker_worker, config)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"master_port: {port} (set in {config}) is already in use" in proc.stderr
+    assert not marker_worker.with_suffix(".ran").exists()
