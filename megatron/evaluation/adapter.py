@@ -5,9 +5,10 @@
 Hugging Face models in lm-eval, so the two give the same numbers for the same weights.
 Scoring mirrors lm-eval's `HFLM`: the input is `(context + continuation)[-(max_length+1):-1]`,
 the continuation's log-probabilities come from the last `len(continuation)` positions, and
-`is_greedy` says whether argmax picks every continuation token. Rolling loglikelihood uses
-lm-eval's disjoint windows of `max_length` tokens; generation is greedy (or sampled when the
-task asks) up to `max_gen_toks`, cut at the task's stop strings.
+`is_greedy` says whether argmax picks every continuation token; both the log-softmax and the
+argmax run over the tokenizer's vocabulary only (`InferenceModel` cuts off the padding rows).
+Rolling loglikelihood uses lm-eval's disjoint windows of `max_length` tokens; generation is
+greedy (or sampled when the task asks) up to `max_gen_toks`, cut at the task's stop strings.
 
 Distributed: every rank of every model replica runs the harness (lm-eval sees one process);
 the forward passes are collective inside a replica, and requests are shared out over

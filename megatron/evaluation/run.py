@@ -79,7 +79,7 @@ def evaluate_from_config(cfg) -> dict | None:
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
     tokenizer = build_tokenizer(cfg)
-    model = InferenceModel.from_config(cfg, topology)
+    model = InferenceModel.from_config(cfg, topology, vocab_size=tokenizer.vocab_size)
     results = run_tasks(model, tokenizer, tasks, folders, random_seed=cfg.training.seed)
     if results is None:
         return None

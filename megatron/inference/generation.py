@@ -4,7 +4,8 @@
 
 Prompts of equal length run as one batch (no padding, so positions are exact). Every step:
 the model runs (the new token only with the key/value cache, the whole sequence with
-`recompute`), the last stage picks the next token of each row (`sampling.py`) and broadcasts
+`recompute`), the last stage picks the next token of each row (`sampling.py`) from the logits
+over the tokenizer's vocabulary (`InferenceModel` cuts off the padding rows) and broadcasts
 it to every rank of the model replica, so all stages feed the same tokens next. A row ends at
 the end-of-document token (not included in its output) or after `maximum_tokens`, or when the
 model's `max_position_embeddings` is reached.

@@ -1,7 +1,8 @@
 """The model for inference: built at the run's layout, weights from any checkpoint layout, and a
 forward pass across pipeline stages that returns full-vocabulary logits.
 
-    model = InferenceModel.from_config(cfg, topology)        # loads cfg.checkpointing.load
+    model = InferenceModel.from_config(cfg, topology, vocab_size=tokenizer.vocab_size)
+                                                              # loads cfg.checkpointing.load
     logits = model.forward(tokens, position_ids)              # (b, s, V) on the last stage,
                                                               # None on the other stages
     ids = model.broadcast_from_last_stage(ids)                # the same tensor on every rank
@@ -11,7 +12,9 @@ No DeepSpeed engine is involved: the layers of this rank's stage (`forward_funcs
 `PipelineModule`, or of the plain `GPTModel`) run one after the other; the activation goes to
 the next stage with `torch.distributed.send` after a small header (tuple or tensor, shape),
 because the boundary may fall after any layer. The last stage gathers the vocabulary-parallel
-logits over tensor-parallel ranks.
+logits over tensor-parallel ranks and returns only the tokenizer's `vocab_size` rows: the
+rows padding the table to `padded_vocab_size` are no tokens, so nothing downstream (sampling,
+lm-eval's log-softmax) may ever see them.
 
 Weights are read with `megatron.checkpoint_tools.CheckpointReader` (only this stage's layers),
 so a checkpoint saved at any tp/pp loads at any other. The model is built without sequence
@@ -60,7 +63,15 @@ def inference_device_and_dtype(cfg) -> tuple[torch.device, torch.dtype]:
 class InferenceModel:
     """This rank's stage of the model, its topology, and the stage-to-stage forward."""
 
-    def __init__(self, module: torch.nn.Module, args: ModelArgs, topology, device, dtype):
+    def __init__(
+        self, module: torch.nn.Module, args: ModelArgs, topology, device, dtype, vocab_size: int
+    ):
+        if not 0 < vocab_size <= args.vocab_size:
+            raise ValueError(
+                f"vocab_size {vocab_size} (the tokenizer's) must be in 1..{args.vocab_size}, "
+                "the model's padded vocabulary"
+            )
+        self.vocab_size = vocab_size  # the real vocabulary: padding rows are never returned
         self.module = module.eval()
         self.args = args
         self.topology = topology
@@ -69,8 +80,11 @@ class InferenceModel:
         self.funcs = list(module.forward_funcs)
 
     @classmethod
-    def from_config(cls, cfg, topology, checkpoint: str | None = None) -> InferenceModel:
-        """Build at `cfg`'s layout and load `checkpoint` (default: `cfg.checkpointing.load`)."""
+    def from_config(
+        cls, cfg, topology, checkpoint: str | None = None, *, vocab_size: int
+    ) -> InferenceModel:
+        """Build at `cfg`'s layout and load `checkpoint` (default: `cfg.checkpointing.load`);
+        `vocab_size` is the tokenizer's (real) vocabulary."""
         path = checkpoint or cfg.checkpointing.load
         if not path:
             raise ValueError(
@@ -82,7 +96,7 @@ class InferenceModel:
         device, dtype = inference_device_and_dtype(cfg)
         load_weights(module, path, topology)
         module.to(device=device, dtype=dtype)
-        return cls(module, module.args, topology, device, dtype)
+        return cls(module, module.args, topology, device, dtype, vocab_size)
 
     # -- stage-to-stage transfer ---------------------------------------------------------
     def _send(self, output) -> None:
@@ -104,8 +118,9 @@ class InferenceModel:
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
-        """`(b, s)` tokens and positions -> logits `(b, s, V)` (padded vocabulary) on the last
-        stage, None elsewhere. Collective over this model replica (all stages, all tp)."""
+        """`(b, s)` tokens and positions -> logits `(b, s, vocab_size)` (the real vocabulary,
+        padding rows cut off) on the last stage, None elsewhere. Collective over this model
+        replica (all stages, all tp)."""
         tokens = tokens.to(self.device)
         position_ids = position_ids.to(self.device)
         topo = self.topology
@@ -115,7 +130,8 @@ class InferenceModel:
         if not topo.is_last_stage:
             self._send(x)
             return None
-        return all_gather_along(x.float(), x.dim() - 1, topo.tp_group)  # (b, s, V)
+        logits = all_gather_along(x.float(), x.dim() - 1, topo.tp_group)  # (b, s, V padded)
+        return logits[..., : self.vocab_size]  # (b, s, V)
 
     def broadcast_from_last_stage(self, tensor: torch.Tensor | None, shape, dtype) -> torch.Tensor:
         """`tensor` of the last stage's first tensor-parallel rank, on every rank of this

@@ -138,7 +138,7 @@ def generate_from_config(cfg) -> list[dict]:
     seed_everything(cfg.training.seed)
     tokenizer = build_tokenizer(cfg)
     source = prompt_source(cfg.generation.text_gen_type)
-    model = InferenceModel.from_config(cfg, topology)
+    model = InferenceModel.from_config(cfg, topology, vocab_size=tokenizer.vocab_size)
     settings = SamplingSettings.from_config(cfg.generation, tokenizer.eod)
     generator = torch.Generator().manual_seed(cfg.training.seed + topology.dp_rank)
     out_path = Path(cfg.generation.sample_output_file)

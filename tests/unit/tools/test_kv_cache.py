@@ -41,7 +41,9 @@ def tiny_model(kind: str) -> InferenceModel:
         for p in module.parameters():
             p.mul_(4.0)
     topology = ParallelTopology(1, 1, world_size=1)
-    return InferenceModel(module, args, topology, torch.device("cpu"), torch.float32)
+    return InferenceModel(
+        module, args, topology, torch.device("cpu"), torch.float32, args.vocab_size
+    )
 
 
 def positions(start: int, stop: int, batch: int = 2) -> torch.Tensor:

@@ -48,8 +48,10 @@ def _replicas(rank, world_size, settings):
     cfg = resolve(settings, world_size)
     topology = initialize_distributed(cfg)
     module = build_model(cfg, topology)  # the same seeded weights on both replicas
-    model = InferenceModel(module, module.args, topology, torch.device("cpu"), torch.float32)
     tokenizer = build_tokenizer(cfg)
+    model = InferenceModel(
+        module, module.args, topology, torch.device("cpu"), torch.float32, tokenizer.vocab_size
+    )
     texts = ["the king", "ships of many", "wine and bread", "a far land", "dawn"]
     greedy = SamplingSettings(maximum_tokens=4, eod=tokenizer.eod)
     shared = run_prompts(model, tokenizer, texts, greedy, prompt_source("input-file"), None)

@@ -136,7 +136,7 @@ def probe_and_generate(cfg, topology) -> dict:
 
     from megatron.inference import InferenceModel, SamplingSettings, generate
 
-    model = InferenceModel.from_config(cfg, topology)
+    model = InferenceModel.from_config(cfg, topology, vocab_size=VOCAB)
     tokens = torch.tensor(PROBE)
     logits = model.forward(tokens, torch.arange(tokens.shape[1]).expand_as(tokens))
     out = {"logits": logits}
