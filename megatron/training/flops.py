@@ -134,6 +134,23 @@ def peak_tflops(dtype: str, override: float | None = None, device_name: str | No
     return None
 
 
+def peak_description(dtype: str, override: float | None = None, device_name: str | None = None):
+    """Which peak MFU is computed against and where it comes from, for the start-up report."""
+    if device_name is None and not override:
+        device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    peak = peak_tflops(dtype, override, device_name)
+    if override:
+        return f"MFU against {peak:g} TFLOP/s per device (peak_theoretical_tflops)"
+    if peak is None:
+        return (
+            f"MFU not reported: no known {matmul_precision(dtype)} peak for {device_name} "
+            "(set peak_theoretical_tflops)"
+        )
+    return (
+        f"MFU against {peak:g} TFLOP/s per device ({device_name}, dense {matmul_precision(dtype)})"
+    )
+
+
 @dataclass
 class Throughput:
     """Per-interval speed figures; `mfu` is None without a known peak."""

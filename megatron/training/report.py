@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from megatron.training.flops import peak_description
+
 
 def _num(n: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -34,7 +36,8 @@ def startup_report(
             f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}, "
             f"vocab {m.padded_vocab_size}",
             f"  FLOPs per token (training, model FLOPs): {_num(flops_per_token)}; per step "
-            f"{_num(flops_per_token * tokens_per_step)}",
+            f"{_num(flops_per_token * tokens_per_step)}; "
+            + peak_description(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops),
             f"  layout: world {topology.world_size} = data {topology.dp_size} × pipeline "
             f"{p.pipe_parallel_size or 1} ({'pipeline engine' if p.pipe_parallel_size else 'plain engine'})"  # noqa: E501
             f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}; precision "

@@ -22,6 +22,7 @@ from megatron.config import config_from_dict, load_config
 from megatron.model import ModelArgs, build_gpt
 from megatron.training.flops import (
     ModelShape,
+    peak_description,
     peak_tflops,
     shape_from_config,
     throughput,
@@ -131,6 +132,13 @@ def test_peak_by_device_and_matmul_precision():
         assert peak_tflops("fp32", device_name="NVIDIA A100-SXM4-80GB") == 156.0
     finally:
         matmul.allow_tf32 = before
+
+
+def test_the_start_up_report_says_which_peak():
+    h100 = peak_description("bf16", device_name="NVIDIA H100 80GB HBM3")
+    assert h100 == "MFU against 989 TFLOP/s per device (NVIDIA H100 80GB HBM3, dense bf16)"
+    assert "set peak_theoretical_tflops" in peak_description("fp32", device_name="CPU")
+    assert "(peak_theoretical_tflops)" in peak_description("bf16", 120.0)
 
 
 def test_throughput_and_mfu():

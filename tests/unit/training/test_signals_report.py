@@ -29,7 +29,7 @@ def test_sigterm_is_remembered_and_a_second_sigint_interrupts():
 
 
 def test_startup_report_has_the_arithmetic(make_config):
-    cfg = make_config(gradient_accumulation_steps=2)
+    cfg = make_config(gradient_accumulation_steps=2, peak_theoretical_tflops=312)
     topology = SimpleNamespace(world_size=1, dp_size=1, tp_size=1)
     text = startup_report(
         cfg,
@@ -43,3 +43,4 @@ def test_startup_report_has_the_arithmetic(make_config):
     assert "global 4 = micro 2 × accumulation 2 × data-parallel 1 = 128 tokens per step" in text
     assert "train 3,112 samples, valid 260 samples, test none" in text
     assert "FLOPs per token (training, model FLOPs): 835.58K" in text
+    assert "MFU against 312 TFLOP/s per device (peak_theoretical_tflops)" in text
