@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from megatron.config.config import Config
+from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.schema import ConfigError
 
 # Optimizers DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`.
@@ -164,5 +165,6 @@ def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
 def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_model(cfg, sources)
     validate_parallel(cfg, sources)
+    validate_optimizer_engine(cfg, sources)
     validate_data(cfg, sources)
     validate_schedule(cfg, sources)

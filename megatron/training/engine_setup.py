@@ -3,7 +3,9 @@
 Every optimizer is built here (`optimizers.py`), never by DeepSpeed, so the `optimizer`
 section of the exported DeepSpeed config is dropped. The pipeline engine gets a
 `PipelineModule` (its topology carries the groups); the plain engine gets the `GPTModel` and
-the `ParallelTopology` as `mpu`.
+the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
+(`model_setup.py`). After `deepspeed.initialize`: fp16 loss scaling as configured
+(`fp16_scaler.py`), and a check that an optimizer which needs whole parameters got them.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 
 import torch
 
+from megatron.training.fp16_scaler import install_loss_scaler
 from megatron.training.grad_norm import clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
+from megatron.training.model_setup import build_model_for_engine
 from megatron.training.optim import OneBitAdam
-from megatron.training.optimizers import build_optimizer_from_config
+from megatron.training.optimizers import build_optimizer_from_config, check_parameter_shapes
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +40,13 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     import deepspeed
 
     from megatron.config import deepspeed_config
-    from megatron.model import build_model
     from megatron.parallel import model_parallel_seed
 
-    model = build_model(cfg, topology)
+    ds_config = deepspeed_config(cfg)
+    model = build_model_for_engine(cfg, topology, ds_config)
     model_parallel_seed(cfg.training.seed, topology)
     optimizer, _ = build_optimizer_from_config(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
-    ds_config = deepspeed_config(cfg)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     engine, _, _, _ = deepspeed.initialize(
         model=model,
@@ -52,8 +55,10 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
         config=ds_config,
         mpu=None if pipeline else topology,
     )
+    check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
     if isinstance(optimizer, OneBitAdam):
         optimizer.attach_engine(engine, topology.dp_group)
+    install_loss_scaler(engine)
     use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)
 

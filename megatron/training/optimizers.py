@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from megatron.config.optimizer_engines import PER_PARAMETER_OPTIMIZERS
 from megatron.training.optim import MADGRAD, SM3, Lion, OneBitAdam
 
 
@@ -32,7 +33,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        skip = p.dim() < 2 or name.endswith(".bias") or getattr(p, "no_weight_decay", False)
+        # A ZeRO-3 parameter built partitioned (`model_setup.py`) is an empty placeholder;
+        # its real shape is `ds_shape`.
+        ndim = len(getattr(p, "ds_shape", p.shape))
+        skip = ndim < 2 or name.endswith(".bias") or getattr(p, "no_weight_decay", False)
         (no_decay if skip else decay).append(p)
     groups = [
         {"params": decay, "weight_decay": weight_decay, "name": "decay"},
@@ -136,3 +140,26 @@ def build_optimizer_from_config(cfg, model: torch.nn.Module):
         groups, o.optimizer_type, o.lr, o.weight_decay, o.optimizer_params or {}
     )
     return optimizer, groups
+
+
+def check_parameter_shapes(optimizer_type: str, optimizer, model: torch.nn.Module) -> None:
+    """After `deepspeed.initialize`: an optimizer that needs whole parameters
+    (`PER_PARAMETER_OPTIMIZERS`) must step over tensors shaped like the model's parameters.
+
+    DeepSpeed swaps the optimizer's parameters for its own tensors (fp32 copies, or flat
+    partitions); resolution refuses the flattening combinations, and this catches any other
+    (a DeepSpeed upgrade, a pass-through setting) before the first step.
+    """
+    if optimizer_type not in PER_PARAMETER_OPTIMIZERS:
+        return
+    stepped = sorted(tuple(p.shape) for g in optimizer.param_groups for p in g["params"])
+    expected = sorted(
+        tuple(getattr(p, "ds_shape", p.shape)) for p in model.parameters() if p.requires_grad
+    )
+    if stepped != expected:
+        raise RuntimeError(
+            f"optimizer {optimizer_type} would step over tensors of shapes {stepped[:4]}... "
+            f"instead of the model's parameters {expected[:4]}...: DeepSpeed flattened them "
+            f"and {optimizer_type} {PER_PARAMETER_OPTIMIZERS[optimizer_type]}. Use ZeRO stage "
+            "0 (with bf16 the plain engine, pipe_parallel_size: 0) or another optimizer"
+        )

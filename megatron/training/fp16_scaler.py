@@ -1,0 +1,144 @@
+"""fp16 loss scaling that does what the `fp16` section says on every engine path.
+
+Which DeepSpeed 0.19.8 wrapper scales the loss of our optimizers (never FusedAdam):
+
+- ZeRO 1/2/3: `DeepSpeedZeroOptimizer`(`_Stage3`) scales the loss in `engine.backward` with a
+  `DynamicLossScaler` built from the section (`initial_scale_power`, `loss_scale_window`,
+  `hysteresis`, `consecutive_hysteresis`, `min_loss_scale`); an overflow at the minimum raises.
+- ZeRO 0, plain and pipeline engine: `FP16_UnfusedOptimizer`. There DeepSpeed 0.19.8
+  (a) never scales the loss (`engine.backward` scales it for ZeRO optimizers only) but still
+  divides the gradients by the scale before the step, so every update is the scale times too
+  small and nothing guards against underflow; (b) updates a dynamic scale with its own rule,
+  which ignores `hysteresis`; (c) grows the scale before unscaling, so that step divides by
+  twice the scale it backpropagated; (d) reports the gradient norm times the scale.
+
+`install_loss_scaler(engine)` makes both paths one rule. The scaler is DeepSpeed's
+`DynamicLossScaler` from the arguments DeepSpeed parsed from the engine's own config
+(`engine.dynamic_loss_scale_args()`):
+
+- an overflowing step is skipped; the scale halves once `hysteresis` overflows have been seen
+  since the scale last grew (with `consecutive_hysteresis`: since the last clean step);
+- a clean step `loss_scale_window` steps after the last overflow doubles the scale (and
+  refills the hysteresis);
+- the scale never drops below `min_loss_scale`, and stays there instead of raising: the
+  skipped-step limit (`max_consecutive_skipped_steps`) stops a run that keeps overflowing,
+  with an explanation.
+
+On the ZeRO-0 path the model's `loss_fn` also scales the gradient flowing back from each
+loss by the current scale (what `FP16_UnfusedOptimizer.backward` would do), a clean step's
+scale update waits until the step has unscaled with the scale it used, and the recorded
+gradient norm is unscaled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HYSTERESIS_STATE_KEY = "megatron_loss_scaler_hysteresis"
+"""Where the hysteresis count goes in FP16_UnfusedOptimizer's state dict (DeepSpeed's own
+keys hold the scale, the iteration and the last overflow)."""
+
+
+def build_loss_scaler(dynamic_loss_args: dict):
+    """DeepSpeed's `DynamicLossScaler` for DeepSpeed's dynamic loss arguments, flooring at
+    `min_scale` instead of raising."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    return DynamicLossScaler(**dynamic_loss_args, raise_error_at_min_scale=False, dtype=torch.half)
+
+
+def install_loss_scaler(engine):
+    """Give the engine's fp16 optimizer wrapper the scaling described in the module docstring;
+    returns the dynamic scaler (None for fp32/bf16 or a static scale)."""
+    if not engine.fp16_enabled():
+        return None
+    dynamic = engine.dynamic_loss_scale()
+    scaler = build_loss_scaler(engine.dynamic_loss_scale_args()) if dynamic else None
+    optimizer = engine.optimizer
+    if hasattr(optimizer, "loss_scale_config"):  # FP16_UnfusedOptimizer (or FP16_Optimizer)
+        UnfusedScaling(optimizer, engine.module, scaler)
+    elif getattr(optimizer, "loss_scaler", None) is not None:  # the ZeRO optimizers
+        if scaler is not None:
+            optimizer.loss_scaler = scaler
+    else:
+        raise RuntimeError(
+            f"fp16: DeepSpeed's optimizer wrapper {type(optimizer).__name__} is not one this "
+            "trainer knows how to configure (loss scaling and hysteresis, loss_scale_window, "
+            "min_loss_scale would not be applied as configured)"
+        )
+    return scaler
+
+
+class UnfusedScaling:
+    """Loss scaling for DeepSpeed's ZeRO-0 fp16 wrapper (items (a)-(d) of the module docstring).
+
+    The wrapper keeps the scale, iteration count and last overflow in `loss_scale_config` and
+    reads the scale from there when unscaling; its `load_state_dict` and `loss_scale` setter
+    write them. They are copied into the scaler before each update and back after it; only
+    the hysteresis count is the scaler's own, and it is added to the wrapper's state dict.
+    """
+
+    FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter")
+
+    def __init__(self, optimizer, model, scaler=None):
+        self.optimizer, self.scaler = optimizer, scaler
+        self.state = optimizer.loss_scale_config
+        self.clean_step_pending = False
+        self._step, self._save, self._load = (
+            optimizer.step,
+            optimizer.state_dict,
+            optimizer.load_state_dict,
+        )
+        optimizer.step = self.step
+        self._scale_backward_of(model)
+        if scaler is not None:
+            optimizer._update_scale = self.update_scale
+            optimizer.state_dict = self.state_dict
+            optimizer.load_state_dict = self.load_state_dict
+            optimizer.loss_scaler = scaler
+
+    def _scale_backward_of(self, model) -> None:
+        loss_fn, state = model.loss_fn, self.state
+
+        def scaled_loss_fn(*args, **kwargs):
+            loss = loss_fn(*args, **kwargs)
+            if loss.requires_grad:
+                # The value (logged, returned) stays the loss; its gradient is the scale.
+                loss.register_hook(lambda grad: grad * state.cur_scale)
+            return loss
+
+        model.loss_fn = scaled_loss_fn
+
+    def step(self, *args, **kwargs):
+        self.clean_step_pending = False
+        overflow = self._step(*args, **kwargs)
+        if not overflow:
+            self.optimizer._global_grad_norm /= self.state.cur_scale  # norm of scaled grads
+        if self.clean_step_pending:
+            self._update(False)
+            self.clean_step_pending = False
+        return overflow
+
+    def update_scale(self, skip: bool) -> None:
+        """The wrapper's `_update_scale`: an overflow now, a clean step after unscaling."""
+        if skip:
+            self._update(True)
+        else:
+            self.clean_step_pending = True
+
+    def _update(self, overflow: bool) -> None:
+        for name in self.FIELDS:
+            setattr(self.scaler, name, getattr(self.state, name))
+        self.scaler.update_scale(overflow)
+        for name in self.FIELDS:
+            setattr(self.state, name, getattr(self.scaler, name))
+
+    def state_dict(self):
+        sd = self._save()
+        sd[HYSTERESIS_STATE_KEY] = self.scaler.cur_hysteresis
+        return sd
+
+    def load_state_dict(self, sd, *args, **kwargs):
+        out = self._load(sd, *args, **kwargs)
+        self.scaler.cur_hysteresis = int(sd.get(HYSTERESIS_STATE_KEY, self.scaler.delayed_shift))
+        return out
