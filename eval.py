@@ -7,7 +7,7 @@ tensor/pipeline layout); results go to `{eval_results_prefix}_eval_results.json`
 """
 
 from megatron.config import config_from_argv
-from megatron.launcher.verbosity import setup_worker_logging
+from megatron.config.verbosity import setup_worker_logging
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ come from `load` (any tensor/pipeline layout).
 """
 
 from megatron.config import config_from_argv
-from megatron.launcher.verbosity import setup_worker_logging
+from megatron.config.verbosity import setup_worker_logging
 
 
 def main(argv: list[str] | None = None) -> None:

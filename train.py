@@ -1,7 +1,7 @@
 """Worker entry point, started by `deepy.py` on every rank: decode the config bundle, train."""
 
 from megatron.config import config_from_argv
-from megatron.launcher.verbosity import setup_worker_logging
+from megatron.config.verbosity import setup_worker_logging
 
 
 def main(argv: list[str] | None = None) -> None:

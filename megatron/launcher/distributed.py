@@ -13,8 +13,8 @@ import logging
 import os
 from datetime import timedelta
 
+from megatron.config.verbosity import quiet_deepspeed, sync_deepspeed_logger
 from megatron.launcher.errors import WorkerEnvironmentError
-from megatron.launcher.verbosity import quiet_deepspeed, sync_deepspeed_logger
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@
 
 Quiet by default: the runner logs at WARNING (its INFO lines carry the worker commands and
 their config bundle); `verbose=True` passes its INFO lines and `--verbose` to the workers (see
-megatron.launcher.verbosity).
+megatron/config/verbosity.py).
 
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
 runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from megatron.config.verbosity import VERBOSE_FLAG
 from megatron.launcher.plan import LaunchResources, local_device_count, plan_resources
 from megatron.launcher.runner import runner_argv_for_plan
 from megatron.launcher.secrets import (
@@ -40,7 +41,6 @@ from megatron.launcher.secrets import (
     secret_names,
     write_secrets_file,
 )
-from megatron.launcher.verbosity import runner_log_level, worker_args
 
 DEFAULT_LAUNCH_DIR = ".megatron_launch"
 
@@ -133,11 +133,11 @@ def prepare_launch(
         argv = runner_argv_for_plan(
             resources,
             script,
-            [*user_args, *worker_args(verbose)],
+            [*user_args, *([VERBOSE_FLAG] if verbose else [])],
             python=python,
             forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
             env_script=secrets_file,
-            log_level=runner_log_level(verbose),
+            log_level="info" if verbose else "warning",  # INFO: the worker commands
         )
         secret_values = {name: environ[name] for name in secret_names(environ, extra)}
         yield LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)

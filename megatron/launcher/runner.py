@@ -53,7 +53,7 @@ def build_runner_argv(
         forward_env: names of variables that must reach remote ranks by name only (OpenMPI
             `-x NAME`); see `megatron.launcher.launch.prepare_launch`.
         env_script: a file every pdsh node sources before starting (`--venv_script`).
-        log_level: the runner's `--log_level` (see megatron.launcher.verbosity); None: the
+        log_level: the runner's `--log_level` (see megatron.config.verbosity); None: the
             runner's default (info).
 
     Raises:

@@ -27,7 +27,7 @@ from deepspeed.pipe import PipelineModule, TiedLayerSpec
 from torch import nn
 
 from megatron.config.ds_export import PIPELINE_SP_SECTION
-from megatron.launcher.verbosity import quiet_deepspeed
+from megatron.config.verbosity import quiet_deepspeed
 from megatron.model.args import ModelArgs
 from megatron.model.loss import bound_loss_fn
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES, gpt_layer_specs

@@ -1,17 +1,15 @@
-"""How much a run prints: a quiet console by default, DeepSpeed's news with `deepy.py --verbose`.
+"""How much a worker prints: a quiet console by default, DeepSpeed's news with `--verbose`.
 
-Quiet (the default) shows our own lines (start-up report, one line per log interval, evaluations,
-checkpoints, the final summary) and every warning and error. `--verbose` adds the INFO lines of
-the DeepSpeed runner, of its per-node `launch.py` and of the engine on every worker, including
-the worker command lines with their config bundle, and the news DeepSpeed `print`s.
+Quiet (the default) shows our own lines (start-up report, one line per log interval,
+evaluations, checkpoints, the final summary) and every warning and error. `deepy.py --verbose`
+adds the INFO lines of the DeepSpeed runner and its `launch.py` (the runner's `--log_level`, see
+megatron/launcher/launch.py) and, on every worker, those of the engine and what DeepSpeed
+`print`s.
 
-The choice travels on every launcher backend the same way:
-
-* runner and local `launch.py`: the runner's `--log_level` (`runner_log_level`), which it
-  hands on to `launch.py`;
-* workers: `VERBOSE_FLAG` after the config bundle on the worker command line, read by
-  `setup_worker_logging(argv)` at the top of train.py, generate.py and eval.py, which sets the
-  level of the root logger; `quiet_deepspeed()` follows that level.
+The flag travels on the worker command line after the config bundle (`VERBOSE_FLAG`), the one
+channel that reaches workers under every launcher. `setup_worker_logging(argv)`, at the top of
+train.py, generate.py and eval.py, sets the root logger's level from it; `quiet_deepspeed()`
+and `sync_deepspeed_logger()` follow that level. Neither torch nor DeepSpeed is imported here.
 """
 
 from __future__ import annotations
@@ -25,16 +23,6 @@ from collections.abc import Iterator, Sequence
 VERBOSE_FLAG = "--verbose"
 DEEPSPEED_LOGGER = "DeepSpeed"  # deepspeed.utils.logging's logger (it does not propagate)
 WORKER_FORMAT = "%(name)s: %(levelname)s: %(message)s"
-
-
-def runner_log_level(verbose: bool) -> str:
-    """The DeepSpeed runner's `--log_level`: its INFO lines (the worker commands) only if asked."""
-    return "info" if verbose else "warning"
-
-
-def worker_args(verbose: bool) -> list[str]:
-    """What to append to a worker's command line for this verbosity."""
-    return [VERBOSE_FLAG] if verbose else []
 
 
 def setup_worker_logging(argv: Sequence[str] | None = None) -> bool:

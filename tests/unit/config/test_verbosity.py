@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from megatron.launcher.verbosity import (
+from megatron.config.verbosity import (
     DEEPSPEED_LOGGER,
     VERBOSE_FLAG,
     quiet_deepspeed,
