@@ -90,6 +90,13 @@ def test_named_paths_and_definitions_exist(doc):
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_links_resolve(doc):
+    targets = re.findall(r"\]\(([^)#\s]+)", doc.read_text())
+    broken = [t for t in targets if "://" not in t and not (doc.parent / t).exists()]
+    assert not broken, f"{doc.name} links to what does not exist: {broken}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_named_python_names_exist(doc):
     known = _known_names()
     unknown = [
