@@ -281,6 +281,17 @@ def test_every_model_choice_is_built_or_refused():
         assert not _refused_choices(key) & set(registry), key
 
 
+def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
+    from megatron.model.attention_backends import ATTENTION_BACKENDS
+
+    for kind in ATTENTION_BACKENDS:
+        cfg = _load(write, f"attention_config: [[[{kind}], 2]]\n")
+        assert cfg.model.layer_attention_types == (kind, kind)
+    for kind in ("local", "sparse_fixed", "bigbird", "gmlp", "mamba", "rwkv"):
+        with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'"):
+            _load(write, f"attention_config: [[[{kind}], 2]]\n")
+
+
 def test_every_run_choice_is_supported_or_refused():
     from megatron.data.tokenizers import TOKENIZER_TYPES
     from megatron.inference.text import PROMPT_SOURCES
