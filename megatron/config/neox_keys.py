@@ -276,8 +276,9 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "short_seq_prob": _refused("short-sequence sampling is not implemented", 0.1),
     "curriculum_seqlen": _refused("sequence-length curriculum is not implemented", 0),
     "use_mup": _refused(_MUP, False),
-    "coord_check": _refused(_MUP, False, gate="mup"),
-    "save_base_shapes": _refused(_MUP, False, gate="mup"),
+    # GPT-NeoX runs these muP diagnostics instead of training, whatever use_mup says.
+    "coord_check": _refused(_MUP, False),
+    "save_base_shapes": _refused(_MUP, False),
     "base_shapes_file": _refused(_MUP, None, gate="mup"),
     "mup_init_scale": _refused(_MUP, 1.0, gate="mup"),
     "mup_attn_temp": _refused(_MUP, 1.0, gate="mup"),
