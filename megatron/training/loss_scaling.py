@@ -1,10 +1,8 @@
-"""fp16 loss scaling: DeepSpeed's scaler as our config builds it, and the skipped-step guard.
+"""The loss scale a run reports, and the skipped-step guard.
 
-DeepSpeed owns dynamic loss scaling (an overflowing step is skipped and the scale shrinks;
-after `loss_scale_window` clean steps it grows back). `loss_scaler_from_deepspeed_config`
-builds DeepSpeed's own scaler from the `fp16` section we export, exactly as its ZeRO
-optimizers do, so the behaviour can be tested on CPU, where DeepSpeed refuses fp16 training.
-(DeepSpeed's non-ZeRO fp16 optimizer keeps its own copy of this logic without `hysteresis`.)
+fp16 dynamic loss scaling itself (an overflowing step is skipped and the scale shrinks after
+`hysteresis` overflows; after `loss_scale_window` clean steps it grows back; never below
+`min_loss_scale`) is set up on the engine by `fp16_scaler.install_loss_scaler`.
 
 `SkippedStepGuard` is ours: a run whose every step overflows would otherwise loop forever
 at the minimum scale; after `max_consecutive_skipped_steps` skipped steps in a row it stops
@@ -13,28 +11,9 @@ the run with an explanation.
 
 from __future__ import annotations
 
-import torch
-
 
 class TooManySkippedSteps(RuntimeError):
     """Too many consecutive optimizer steps were skipped because gradients overflowed."""
-
-
-def loss_scaler_from_deepspeed_config(ds_config: dict):
-    """DeepSpeed's loss scaler for a DeepSpeed config dict (static 1.0 without fp16)."""
-    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
-    from deepspeed.runtime.precision_config import DeepSpeedFP16Config
-
-    section = ds_config.get("fp16") or {}
-    if not section.get("enabled", False):
-        return CreateLossScaler(torch.float32, 1.0, False, None)
-    fp16 = DeepSpeedFP16Config(**section)
-    return CreateLossScaler(
-        torch.float16,
-        static_loss_scale=fp16.loss_scale,
-        dynamic_scaling=fp16.loss_scale == 0,
-        dynamic_loss_args=fp16.dynamic_loss_scale_args(),
-    )
 
 
 def current_loss_scale(engine) -> float | None:
