@@ -13,6 +13,7 @@ config is the `config.json` saved beside the weights unless one is given.
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from megatron.checkpoint_tools.layout import (
 )
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
+from megatron.training.safe_load import load_file, refusal, weights_only_loading
 
 ZERO3_RANK0_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 
@@ -59,12 +61,10 @@ def config_from_files(files, overrides=()) -> object:
     return resolve_settings(settings, world_size=world, vocab_size=tokenizer.vocab_size)
 
 
-def _load(path: Path, *, weights_only: bool = True) -> dict:
+def _load(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"checkpoint file '{path}' is missing; the folder is incomplete")
-    # Engine-state files hold DeepSpeed's config dicts and optimizer state, not only tensors;
-    # they come from our own runs (trusted), like DeepSpeed's own loader assumes.
-    return torch.load(path, map_location="cpu", weights_only=weights_only)
+    return load_file(path)  # weights-only: a downloaded checkpoint cannot run code
 
 
 class CheckpointReader:
@@ -83,13 +83,13 @@ class CheckpointReader:
 
     def mp_rank_state(self, mp_rank: int) -> dict:
         """DeepSpeed's engine-state file of model-parallel rank `mp_rank` (stage * tp + t)."""
-        return _load(self.folder / mp_rank_file(mp_rank), weights_only=False)
+        return _load(self.folder / mp_rank_file(mp_rank))
 
     def engine_state(self) -> dict:
         """DeepSpeed's bookkeeping of rank 0 (scheduler, sample counts, its config), without
         the module and optimizer tensors."""
         if self.layout.zero3:
-            state = _load(self.folder / ZERO3_RANK0_FILE, weights_only=False)
+            state = _load(self.folder / ZERO3_RANK0_FILE)
         else:
             state = self.mp_rank_state(0)
         state.pop("module", None)
@@ -98,7 +98,7 @@ class CheckpointReader:
 
     def trainer_state(self) -> dict | None:
         path = self.layout.trainer_state_file
-        return torch.load(path, weights_only=False) if path.is_file() else None
+        return load_file(path) if path.is_file() else None
 
     def _plain_shards(self) -> list[dict]:
         if self._plain_modules is None:
@@ -122,9 +122,13 @@ class CheckpointReader:
             )
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(
-            str(self.folder.parent), tag=self.folder.name
-        )
+        try:
+            with weights_only_loading():  # DeepSpeed's own torch.load calls, made weights-only
+                state = get_fp32_state_dict_from_zero_checkpoint(
+                    str(self.folder.parent), tag=self.folder.name
+                )
+        except pickle.UnpicklingError as err:
+            raise refusal(self.folder, err) from err
         return {name: tensor.detach() for name, tensor in state.items()}
 
     def _layer_shards(self, layer: int) -> list[dict]:

@@ -7,11 +7,18 @@ Layout of `{save}/global_step{N}/`:
     rng_state_rank{R}.pt      Python, NumPy, torch (CPU and CUDA) and tensor-parallel RNG of
                               every global rank R
     config.json               the resolved config of the run
+    complete                  written last, once every rank's files are on disk
 
 `{save}/latest` holds the tag (`global_step{N}`) of the newest complete checkpoint. It is
 written last, by rank 0, after a barrier that every rank reaches only when its own files are
 written, through a temporary file and `os.replace` (atomic on POSIX): a crash mid-save leaves
 `latest` at the previous checkpoint. DeepSpeed's own `latest` writing is switched off.
+
+A folder without `complete` (a crash mid-save) is partial: `keep_last_n_checkpoints` neither
+counts nor deletes it, and a save into an existing folder first removes its old marker, so a
+half-overwritten folder never looks whole. Pruning never deletes the folder `latest` names, and
+a folder it cannot delete is reported, not silently kept. Every file is loaded weights-only
+(`safe_load.py`): a checkpoint cannot run code.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -31,11 +39,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.training.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
 TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.json"
+COMPLETE = "complete"
 _TAG = re.compile(r"^global_step(\d+)$")
 
 
@@ -106,29 +117,58 @@ def write_latest(save_dir: str | Path, tag: str) -> None:
     os.replace(tmp, save_dir / LATEST)
 
 
-def list_checkpoints(save_dir: str | Path) -> list[tuple[int, Path]]:
-    """(iteration, folder) of every `global_step{N}` folder, oldest first."""
+def list_checkpoints(save_dir: str | Path, complete_only: bool = False) -> list[tuple[int, Path]]:
+    """(iteration, folder) of every `global_step{N}` folder, oldest first (`complete_only`:
+    only those with the completion marker, and the one `latest` names)."""
+    protected = _latest_tag(save_dir)
     found = []
     for path in Path(save_dir).iterdir() if Path(save_dir).is_dir() else ():
         match = _TAG.match(path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path))
+        if not (match and path.is_dir()):
+            continue
+        if complete_only and not ((path / COMPLETE).is_file() or path.name == protected):
+            continue
+        found.append((int(match.group(1)), path))
     return sorted(found)
 
 
+def _latest_tag(save_dir: str | Path) -> str | None:
+    path = Path(save_dir) / LATEST
+    return path.read_text().strip() if path.is_file() else None
+
+
 def prune_checkpoints(save_dir: str | Path, keep: int | None) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints, never the one `latest` names."""
+    """Delete all but the newest `keep` complete checkpoints, never the one `latest` names;
+    partial folders are left alone. Returns the folders deleted; one that cannot be deleted
+    is reported with a warning naming it and the error."""
     if keep is None:
         return []
     if keep < 1:
         raise ValueError(f"keep_last_n_checkpoints must be >= 1 (or null), got {keep}")
-    latest_path = Path(save_dir) / LATEST
-    protected = latest_path.read_text().strip() if latest_path.is_file() else None
-    folders = [path for _, path in list_checkpoints(save_dir)]
-    doomed = [path for path in folders[:-keep] if path.name != protected]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
+    protected = _latest_tag(save_dir)
+    folders = [path for _, path in list_checkpoints(save_dir, complete_only=True)]
+    deleted = []
+    for path in (p for p in folders[:-keep] if p.name != protected):
+        try:
+            shutil.rmtree(path)
+        except OSError as err:
+            log.warning(
+                "keep_last_n_checkpoints: could not delete old checkpoint %s (%s); it still "
+                "takes disk space: delete it by hand",
+                path,
+                err,
+            )
+        else:
+            deleted.append(path)
+    return deleted
+
+
+def mark_complete(folder: Path, tag: str) -> None:
+    """Write the completion marker of a checkpoint folder (fsynced before `latest` moves)."""
+    with open(folder / COMPLETE, "w") as f:
+        f.write(tag)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def rng_state(tracker=None) -> dict[str, Any]:
@@ -201,6 +241,9 @@ class CheckpointIO:
             raise ValueError("no checkpoint folder: set `save` to save checkpoints")
         tag, rank = tag_for(iteration), _rank()
         folder = Path(self.save_dir) / tag
+        if rank == 0:
+            (folder / COMPLETE).unlink(missing_ok=True)  # an old save's marker
+        _barrier()
         self._engine_save(tag)
         if self.save_rng:
             torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
@@ -211,6 +254,7 @@ class CheckpointIO:
                 (folder / CONFIG_FILE).write_text(json.dumps(self.config_dict, indent=1))
         _barrier()  # every rank's files are on disk
         if rank == 0:
+            mark_complete(folder, tag)
             write_latest(self.save_dir, tag)
             prune_checkpoints(self.save_dir, self.keep_last_n)
         _barrier()
@@ -242,13 +286,7 @@ class CheckpointIO:
         if load_optim and not finetune and not state.get("optimizer_saved", True):
             log.warning("%s was saved without optimizer states (no_save_optim)", folder)
             load_optim = False
-        path, _ = self.engine.load_checkpoint(
-            load_dir,
-            tag=tag,
-            load_optimizer_states=load_optim and not finetune,
-            load_lr_scheduler_states=False,
-            load_module_only=finetune,
-        )
+        path = self._engine_load(load_dir, tag, load_optim and not finetune, finetune)
         if path is None:
             raise FileNotFoundError(
                 f"DeepSpeed could not load checkpoint '{tag}' from {load_dir}; the folder is "
@@ -259,16 +297,32 @@ class CheckpointIO:
         rng_file = folder / f"rng_state_rank{_rank()}.pt"
         state["rng_state"] = None
         if load_rng and rng_file.is_file():
-            state["rng_state"] = torch.load(rng_file, weights_only=False)
+            state["rng_state"] = load_file(rng_file)
         elif load_rng:
             log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
         return state
+
+    def _engine_load(self, load_dir, tag: str, load_optim: bool, module_only: bool):
+        """DeepSpeed's load, every file weights-only (see `safe_load.py`)."""
+        use_safe_loading(self.engine)
+        try:
+            with weights_only_loading():
+                path, _ = self.engine.load_checkpoint(
+                    load_dir,
+                    tag=tag,
+                    load_optimizer_states=load_optim,
+                    load_lr_scheduler_states=False,
+                    load_module_only=module_only,
+                )
+        except pickle.UnpicklingError as err:
+            raise refusal(Path(load_dir) / tag, err) from err
+        return path
 
     @staticmethod
     def _trainer_state(folder: Path, required: bool) -> dict[str, Any]:
         path = folder / TRAINER_STATE
         if path.is_file():
-            return torch.load(path, weights_only=False)
+            return load_file(path)
         if required:
             raise FileNotFoundError(
                 f"{path} is missing: {folder} is not a checkpoint of this trainer (or is "

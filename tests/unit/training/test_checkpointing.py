@@ -1,15 +1,20 @@
-"""Checkpoint schedule, atomic `latest`, pruning, RNG round trip, save/load around an engine."""
+"""Checkpoint schedule, atomic `latest`, pruning (complete folders only, failures reported),
+RNG round trip, save/load around an engine, no save of a state holding inf/NaN."""
 
 from __future__ import annotations
 
+import logging
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from megatron.training.callbacks import CheckpointCallback
 from megatron.training.checkpointing import (
+    COMPLETE,
     CheckpointIO,
     SaveSchedule,
     list_checkpoints,
@@ -37,9 +42,11 @@ def test_from_config(make_config):
     assert [i for i in range(1, 8) if schedule.should_save(i)] == [3, 4, 6, 7]
 
 
-def _fake_checkpoints(root: Path, iterations):
+def _fake_checkpoints(root: Path, iterations, partial=()):
     for it in iterations:
         (root / f"global_step{it}").mkdir(parents=True)
+        if it not in partial:
+            (root / f"global_step{it}" / COMPLETE).write_text(f"global_step{it}")
     (root / "not_a_checkpoint").mkdir()
 
 
@@ -62,6 +69,34 @@ def test_prune_keeps_newest_and_latest(tmp_path):
     assert sorted(p.name for p in deleted) == ["global_step15", "global_step5"]
     assert [it for it, _ in list_checkpoints(tmp_path)] == [10, 20, 25]
     assert prune_checkpoints(tmp_path, keep=None) == []
+
+
+def test_partial_folders_never_count_toward_keep_last_n(tmp_path):
+    # 12 and 30: crashes mid-save (no completion marker); latest is 20
+    _fake_checkpoints(tmp_path, [5, 10, 12, 15, 20, 30], partial=(12, 30))
+    write_latest(tmp_path, "global_step20")
+    assert [it for it, _ in list_checkpoints(tmp_path, complete_only=True)] == [5, 10, 15, 20]
+    deleted = prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in deleted) == ["global_step10", "global_step5"]
+    # the partial 30 did not push the whole 15 out; partial folders are left alone
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [12, 15, 20, 30]
+
+
+def test_a_failed_prune_is_reported(tmp_path, monkeypatch, caplog):
+    _fake_checkpoints(tmp_path, [5, 10, 15])
+    write_latest(tmp_path, "global_step15")
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path).name == "global_step5":
+            raise PermissionError(13, "Permission denied", str(path))
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    with caplog.at_level(logging.WARNING):
+        deleted = prune_checkpoints(tmp_path, keep=1)
+    assert [p.name for p in deleted] == ["global_step10"]
+    assert "global_step5" in caplog.text and "Permission denied" in caplog.text
 
 
 def test_rng_round_trip():
@@ -110,9 +145,45 @@ def test_save_then_load_restores_trainer_state_and_rng(tmp_path):
 
 def test_crash_mid_save_keeps_previous_latest(tmp_path):
     CheckpointIO(FakeEngine(), str(tmp_path)).save(2, {})
+    assert (tmp_path / "global_step2" / COMPLETE).is_file()
     with pytest.raises(OSError):
         CheckpointIO(FakeEngine(fail=True), str(tmp_path)).save(4, {})
     assert read_latest(tmp_path) == "global_step2"
+    assert [it for it, _ in list_checkpoints(tmp_path, complete_only=True)] == [2]
+
+
+def test_a_crash_while_saving_over_an_old_folder_leaves_it_partial(tmp_path):
+    io = CheckpointIO(FakeEngine(), str(tmp_path))
+    io.save(2, {})
+    io.save(4, {})
+    with pytest.raises(OSError):  # e.g. a run resumed from 1 that reaches 2 again, and dies
+        CheckpointIO(FakeEngine(fail=True), str(tmp_path)).save(2, {})
+    assert not (tmp_path / "global_step2" / COMPLETE).exists()
+    assert [it for it, _ in list_checkpoints(tmp_path, complete_only=True)] == [4]
+
+
+class _Loop:
+    def __init__(self, iteration, messages):
+        self.state = type("State", (), {"iteration": iteration})()
+        self.loggers = type("Loggers", (), {"log_text": messages.append})()
+
+    def trainer_state(self):
+        return {"consumed_samples": 8 * self.state.iteration}
+
+
+def test_a_state_holding_inf_or_nan_is_never_saved(tmp_path):
+    finite = {"now": True}
+    io = CheckpointIO(FakeEngine(), str(tmp_path), keep_last_n=1)
+    callback = CheckpointCallback(io, SaveSchedule(1), True, is_finite=lambda: finite["now"])
+    messages = []
+    callback.after_step(_Loop(1, messages))
+    finite["now"] = False
+    callback.after_step(_Loop(2, messages))
+    callback.on_end(_Loop(2, messages), stopped=True)
+    assert read_latest(tmp_path) == "global_step1"
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [1]  # survived keep_last_n 1
+    assert messages[0] == "saved checkpoint global_step1"
+    assert messages[1].startswith("not saving checkpoint global_step2: the weights or")
 
 
 def test_finetune_and_no_load_optim(tmp_path):
