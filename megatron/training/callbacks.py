@@ -1,18 +1,21 @@
 """What hangs off the training loop: logging, evaluation, checkpointing, each a callback.
 
 `TrainLoop` calls `after_step(loop)` on each callback after every iteration, in order, and
-`on_end(loop, stopped)` once when training ends (normally or on a stop request).
+`on_end(loop, stopped)` once when training ends (normally or on a stop request), or
+`on_abort(loop, error)` when an error ends it (e.g. too many skipped steps in a row).
 """
 
 from __future__ import annotations
 
-import math
+import logging
 
 import torch
 
 from megatron.training.checkpointing import CheckpointIO, SaveSchedule
-from megatron.training.loss_scaling import current_loss_scale
+from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
 from megatron.training.norms import parameter_norms
+
+log = logging.getLogger(__name__)
 
 
 class Callback:
@@ -22,12 +25,15 @@ class Callback:
     def on_end(self, loop, stopped: bool) -> None:
         """Once, after the last iteration; `stopped`: by exit_interval or a signal."""
 
+    def on_abort(self, loop, error: Exception) -> None:
+        """Once, when `error` ends training; nothing collective may run here."""
+
 
 def _float(value) -> float | None:
+    """A figure for the logs; inf/NaN stay as they are (a diverged run must show it)."""
     if value is None:
         return None
-    value = float(value.item() if isinstance(value, torch.Tensor) else value)
-    return value if math.isfinite(value) else None
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
 def engine_timers(engine) -> dict[str, float]:
@@ -66,6 +72,12 @@ class LoggingCallback(Callback):
         if self.monitor.steps:
             self._log(loop)
 
+    def on_abort(self, loop, error):
+        if self.monitor.steps:
+            self._log(loop)
+        name, it = type(error).__name__, loop.state.iteration
+        self.loggers.log_text(f"training stopped at iteration {it} ({name}): {error}")
+
     def _log(self, loop):
         engine = loop.engine
         record = self.monitor.record(
@@ -93,20 +105,46 @@ class EvaluationCallback(Callback):
             self.evaluator.run(loop.state.iteration)
 
 
-class CheckpointCallback(Callback):
-    """Saves on the schedule and when the run stops early (exit_interval, signal)."""
+class SkippedStepsCallback(Callback):
+    """Counts skipped steps; stops the run (`TooManySkippedSteps`) after too many in a row.
 
-    def __init__(self, io: CheckpointIO, schedule: SaveSchedule, enabled: bool):
+    Every rank takes the same decision: whether a step was applied is agreed over the world
+    (`nonfinite.py`, and DeepSpeed's own overflow checks)."""
+
+    def __init__(self, guard: SkippedStepGuard):
+        self.guard = guard
+
+    def after_step(self, loop):
+        self.guard.update(loop.last_applied, loop.state.iteration, current_loss_scale(loop.engine))
+
+
+class CheckpointCallback(Callback):
+    """Saves on the schedule and when the run stops early (exit_interval, signal); never a
+    state that holds inf/NaN (`is_finite`, collective, asked before each save), so `latest`
+    stays on the last finite checkpoint."""
+
+    def __init__(self, io: CheckpointIO, schedule: SaveSchedule, enabled: bool, is_finite=None):
         self.io = io
         self.schedule = schedule
         self.enabled = enabled
+        self.is_finite = is_finite
         self.last_saved = None
 
     def save(self, loop) -> None:
-        if self.enabled and self.last_saved != loop.state.iteration:
-            self.io.save(loop.state.iteration, loop.trainer_state())
-            self.last_saved = loop.state.iteration
-            loop.loggers.log_text(f"saved checkpoint global_step{loop.state.iteration}")
+        if not self.enabled or self.last_saved == loop.state.iteration:
+            return
+        tag = f"global_step{loop.state.iteration}"
+        if self.is_finite is not None and not self.is_finite():
+            message = (
+                f"not saving checkpoint {tag}: the weights or optimizer state hold inf/NaN; "
+                "`latest` stays on the last finite checkpoint"
+            )
+            log.warning(message)
+            loop.loggers.log_text(message)
+            return
+        self.io.save(loop.state.iteration, loop.trainer_state())
+        self.last_saved = loop.state.iteration
+        loop.loggers.log_text(f"saved checkpoint {tag}")
 
     def after_step(self, loop):
         if self.schedule.should_save(loop.state.iteration):

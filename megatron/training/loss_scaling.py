@@ -4,16 +4,17 @@ fp16 dynamic loss scaling itself (an overflowing step is skipped and the scale s
 `hysteresis` overflows; after `loss_scale_window` clean steps it grows back; never below
 `min_loss_scale`) is set up on the engine by `fp16_scaler.install_loss_scaler`.
 
-`SkippedStepGuard` is ours: a run whose every step overflows would otherwise loop forever
-at the minimum scale; after `max_consecutive_skipped_steps` skipped steps in a row it stops
-the run with an explanation.
+`SkippedStepGuard` is ours, for every precision: a step is skipped when fp16 overflows or
+when the loss or gradient norm is inf/NaN (`nonfinite.py`); a run whose every step is skipped
+would otherwise loop forever; after `max_consecutive_skipped_steps` skipped steps in a row it
+stops the run with an explanation naming the iteration.
 """
 
 from __future__ import annotations
 
 
 class TooManySkippedSteps(RuntimeError):
-    """Too many consecutive optimizer steps were skipped because gradients overflowed."""
+    """Too many consecutive optimizer steps were skipped (inf/NaN loss or gradients)."""
 
 
 def current_loss_scale(engine) -> float | None:
@@ -47,11 +48,12 @@ class SkippedStepGuard:
             scale = f" (loss scale now {loss_scale:g})" if loss_scale is not None else ""
             raise TooManySkippedSteps(
                 f"stopping at iteration {iteration}: the last {self.consecutive} optimizer steps "
-                f"were all skipped because the gradients overflowed (inf/nan){scale}. The "
-                "loss has most likely diverged or the data holds bad values. Try a lower "
-                "learning rate or longer warm-up, bf16 instead of fp16, a larger "
-                "fp16.min_loss_scale/hysteresis, or resume from an earlier checkpoint; "
-                "max_consecutive_skipped_steps sets this limit."
+                "were all skipped because the loss or the gradients were not finite (inf/nan)"
+                f"{scale}. The loss has most likely diverged or the data holds bad values. Try "
+                "a lower learning rate or longer warm-up, bf16 instead of fp16, a larger "
+                "fp16.min_loss_scale/hysteresis, or resume from an earlier checkpoint (no "
+                "checkpoint holding inf/nan is ever saved); max_consecutive_skipped_steps sets "
+                "this limit."
             )
 
     def state_dict(self) -> dict:

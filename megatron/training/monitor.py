@@ -3,10 +3,15 @@
 `TrainMonitor.step(...)` is called after every iteration; `record(...)` at each log interval
 builds the training record (see `megatron/training/loggers/base.py`) and starts a new
 interval.
+
+The interval's loss is the mean over its applied steps (a skipped fp16 overflow step does not
+count, as in Megatron and GPT-NeoX), or over all its steps when none was applied; an inf/NaN
+loss in the interval is shown as it is, never averaged away or logged as a blank.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from megatron.training.flops import throughput
@@ -36,17 +41,29 @@ class TrainMonitor:
     def _reset(self, now: float) -> None:
         self.interval_start = now
         self.loss_sum = 0.0
+        self.all_loss_sum = 0.0
+        self.nonfinite_loss: float | None = None
         self.applied = 0
         self.skipped = 0
         self.steps = 0
 
     def step(self, loss: float, applied: bool) -> None:
         self.steps += 1
+        self.all_loss_sum += loss
+        if not math.isfinite(loss) and self.nonfinite_loss is None:
+            self.nonfinite_loss = loss
         if applied:
             self.loss_sum += loss
             self.applied += 1
         else:
             self.skipped += 1
+
+    def _loss(self) -> float | None:
+        if self.nonfinite_loss is not None:
+            return self.nonfinite_loss
+        if self.applied:
+            return self.loss_sum / self.applied
+        return self.all_loss_sum / self.steps if self.steps else None
 
     def record(self, iteration: int, lr, grad_norm, loss_scale, timers=None) -> dict:
         now = self.clock()
@@ -61,7 +78,7 @@ class TrainMonitor:
         per_step = seconds / max(self.steps, 1)
         record = {
             "iteration": iteration,
-            "loss": self.loss_sum / self.applied if self.applied else None,
+            "loss": self._loss(),
             "lr": lr,
             "grad_norm": grad_norm,
             "loss_scale": loss_scale,

@@ -20,6 +20,7 @@ from megatron.training.callbacks import (
     CheckpointCallback,
     EvaluationCallback,
     LoggingCallback,
+    SkippedStepsCallback,
 )
 from megatron.training.checkpointing import CheckpointIO, SaveSchedule
 from megatron.training.data_setup import (
@@ -33,8 +34,9 @@ from megatron.training.evaluation import EvalResult, Evaluator
 from megatron.training.flops import peak_tflops, shape_from_config, training_flops_per_token
 from megatron.training.initialize import initialize_distributed, seed_everything
 from megatron.training.loggers import build_loggers
-from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
+from megatron.training.loss_scaling import SkippedStepGuard
 from megatron.training.monitor import TrainMonitor
+from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
 from megatron.training.report import final_summary, startup_report
 from megatron.training.signals import StopRequest
@@ -104,17 +106,20 @@ class TrainLoop:
     def run(self) -> bool:
         """Train; True when stopped early (exit_interval or a signal)."""
         stopped = False
-        while self.state.iteration < self.train_iters and not stopped:
-            self.last_loss = self.steps.train_step(self.batches)
-            self.last_applied = self.steps.step_applied
-            self.state.iteration += 1
-            self.state.consumed_samples += self.global_batch
-            self.losses.append(self.last_loss)
-            loss_scale = current_loss_scale(self.engine)
-            self.guard.update(self.last_applied, self.state.iteration, loss_scale)
+        try:
+            while self.state.iteration < self.train_iters and not stopped:
+                self.last_loss = self.steps.train_step(self.batches)
+                self.last_applied = self.steps.step_applied
+                self.state.iteration += 1
+                self.state.consumed_samples += self.global_batch
+                self.losses.append(self.last_loss)
+                for callback in self.callbacks:
+                    callback.after_step(self)
+                stopped = self.state.iteration < self.train_iters and self._should_stop()
+        except Exception as error:
             for callback in self.callbacks:
-                callback.after_step(self)
-            stopped = self.state.iteration < self.train_iters and self._should_stop()
+                callback.on_abort(self, error)
+            raise
         for callback in self.callbacks:
             callback.on_end(self, stopped)
         return stopped
@@ -133,8 +138,8 @@ def _resume(cfg, io: CheckpointIO, parts, guard) -> tuple[TrainState, dict | Non
     return TrainState(loaded["iteration"], loaded["consumed_samples"]), loaded
 
 
-def _callbacks(cfg, *, monitor, loggers, evaluator, io, model, rank, train_iters) -> list:
-    lg = cfg.logging
+def _callbacks(cfg, *, monitor, loggers, evaluator, io, parts, guard, rank, train_iters) -> list:
+    lg, model = cfg.logging, parts.model
     on_rank0 = rank == 0
     return [
         LoggingCallback(
@@ -145,9 +150,13 @@ def _callbacks(cfg, *, monitor, loggers, evaluator, io, model, rank, train_iters
             param_norms_of=model if lg.log_param_norm and on_rank0 else None,
             grad_norms=GradNormRecorder(model) if lg.log_grad_norm and on_rank0 else None,
         ),
+        SkippedStepsCallback(guard),
         EvaluationCallback(evaluator),
         CheckpointCallback(
-            io, SaveSchedule.from_config(cfg, train_iters), bool(cfg.checkpointing.save)
+            io,
+            SaveSchedule.from_config(cfg, train_iters),
+            bool(cfg.checkpointing.save),
+            is_finite=lambda: state_is_finite(parts.engine, parts.optimizer),
         ),
     ]
 
@@ -211,6 +220,7 @@ def pretrain(cfg) -> TrainResult:
     try:
         _report(cfg, topology, loggers, flops, train_iters, state, datasets)
         steps = engine_steps(engine, topology)
+        NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
         tokens_per_step = t.train_batch_size * cfg.model.seq_length
@@ -221,7 +231,8 @@ def pretrain(cfg) -> TrainResult:
             loggers=loggers,
             evaluator=evaluator,
             io=io,
-            model=parts.model,
+            parts=parts,
+            guard=guard,
             rank=rank,
             train_iters=train_iters,
         )

@@ -4,7 +4,9 @@
 `gradient_accumulation_steps` micro-batches from the iterator and return the loss averaged
 over micro-batches and data-parallel ranks). `PlainSteps` drives the ordinary engine (ZeRO
 0-3): forward, `loss_fn`, backward and `step` per micro-batch, then the same averaging.
-Both return the loss as a Python float, equal on every rank.
+Both return the loss as a Python float, equal on every rank. During a train step,
+`local_loss()` is this rank's summed loss of the global batch so far (what the non-finite
+step check, `nonfinite.py`, reads just before the optimizer step).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class EngineSteps:
     def eval_step(self, batches) -> float:
         raise NotImplementedError
 
+    def local_loss(self) -> torch.Tensor | None:
+        """This rank's summed loss of the current global batch (None where it has none)."""
+        raise NotImplementedError
+
     @property
     def step_applied(self) -> bool:
         """Whether the last train step changed the weights (False: skipped on overflow)."""
@@ -42,9 +48,19 @@ class PipelineSteps(EngineSteps):
     def eval_step(self, batches) -> float:
         return float(self.engine.eval_batch(data_iter=batches))
 
+    def local_loss(self):
+        return self.engine.total_loss  # summed over micro-batches on the last stage only
+
 
 class PlainSteps(EngineSteps):
     """DeepSpeed's ordinary engine over the plain `GPTModel`."""
+
+    def __init__(self, engine, dp_group=None, dp_size: int = 1):
+        super().__init__(engine, dp_group, dp_size)
+        self._loss_so_far = torch.zeros((), dtype=torch.float32)
+
+    def local_loss(self):
+        return self._loss_so_far
 
     def _mean_over_data_parallel(self, total: torch.Tensor, count: int) -> float:
         mean = total / count
@@ -55,14 +71,14 @@ class PlainSteps(EngineSteps):
 
     def train_step(self, batches) -> float:
         engine = self.engine
-        total = torch.zeros((), dtype=torch.float32)
+        total = self._loss_so_far = torch.zeros((), dtype=torch.float32)
         steps = engine.gradient_accumulation_steps()
         for _ in range(steps):
             (tokens, positions), labels = next(batches)
             loss = engine.module.loss_fn(engine(tokens, positions), labels)
             engine.backward(loss)
+            total += loss.detach().float().cpu()  # before step(): the last one may update
             engine.step()
-            total += loss.detach().float().cpu()
         return self._mean_over_data_parallel(total, steps)
 
     @torch.no_grad()

@@ -10,7 +10,6 @@ both.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 TRAIN_KEYS = (
@@ -28,12 +27,13 @@ TRAIN_KEYS = (
 
 
 def scalars(record: dict[str, Any], split: str) -> dict[str, float]:
-    """The numeric entries of a record as `{"{split}/{key}": value}` (None values dropped)."""
+    """The numeric entries of a record as `{"{split}/{key}": value}` (None values dropped;
+    inf/NaN kept, so a diverged loss shows in TensorBoard and wandb)."""
     out = {}
     for key, value in record.items():
         if key in ("iteration", "split") or value is None or isinstance(value, bool | str):
             continue
-        if isinstance(value, int | float) and math.isfinite(value):
+        if isinstance(value, int | float):
             out[f"{split}/{key}"] = float(value)
     return out
 

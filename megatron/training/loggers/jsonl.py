@@ -1,21 +1,18 @@
-"""`{log_dir}/metrics.jsonl`: one JSON object per training log interval and per evaluation."""
+"""`{log_dir}/metrics.jsonl`: one JSON object per training log interval and per evaluation.
+
+An inf/NaN figure (a diverged loss, an overflowing gradient norm) is written as `NaN`,
+`Infinity` or `-Infinity`, as Python's `json` writes and reads them, never as `null`: a
+diverging run must not look like one with a missing figure.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from megatron.training.loggers.base import MetricsLogger
 
 FILENAME = "metrics.jsonl"
-
-
-def _clean(value):
-    """JSON has no inf/nan: they become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 class JsonlLogger(MetricsLogger):
@@ -27,8 +24,7 @@ class JsonlLogger(MetricsLogger):
         self.file = self.path.open("a", encoding="utf-8")
 
     def _write(self, record) -> None:
-        clean = {k: _clean(v) for k, v in record.items()}
-        self.file.write(json.dumps(clean, sort_keys=False) + "\n")
+        self.file.write(json.dumps(record, sort_keys=False, allow_nan=True) + "\n")
         self.file.flush()
 
     def log_train(self, record):

@@ -81,6 +81,19 @@ def test_monitor_interval_figures():
     assert monitor.record(4, 1e-3, None, None)["tokens_per_sec"] == 1000.0
 
 
+def test_monitor_shows_a_non_finite_loss():
+    monitor = TrainMonitor(1000, 2e9, world_size=1, peak_tflops=None, train_iters=10)
+    monitor.step(3.0, applied=True)
+    monitor.step(float("nan"), applied=False)  # skipped: inf/NaN loss
+    record = monitor.record(2, lr=1e-3, grad_norm=float("inf"), loss_scale=None)
+    assert math.isnan(record["loss"]) and record["skipped"] == 1
+    monitor.step(float("inf"), applied=False)
+    assert monitor.record(3, 1e-3, None, None)["loss"] == math.inf
+    for loss in (7.0, 9.0):  # fp16: every step overflowed, the losses themselves are finite
+        monitor.step(loss, applied=False)
+    assert monitor.record(5, 1e-3, None, 1.0)["loss"] == 8.0
+
+
 class _Steps:
     def __init__(self, losses):
         self.losses = iter(losses)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from megatron.training.loggers import (
     JsonlLogger,
     build_loggers,
     format_train_line,
+    scalars,
 )
 
 RECORD = {
@@ -67,13 +69,21 @@ def test_progress_bar_only_on_a_terminal():
 
 def test_jsonl_one_object_per_record(tmp_path):
     logger = JsonlLogger(tmp_path / "logs")
-    logger.log_train({**RECORD, "grad_norm": float("nan")})
+    logger.log_train({**RECORD, "grad_norm": float("nan"), "loss": float("inf")})
     logger.log_eval(EVAL)
     logger.close()
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     train, valid = (json.loads(line) for line in lines)
-    assert set(TRAIN_KEYS) <= set(train) and train["grad_norm"] is None
+    assert set(TRAIN_KEYS) <= set(train)
+    # a diverged figure is written as it is, never as null
+    assert '"loss": Infinity' in lines[0] and '"grad_norm": NaN' in lines[0]
+    assert math.isnan(train["grad_norm"]) and train["loss"] == math.inf
     assert valid == EVAL
+
+
+def test_console_shows_non_finite_figures():
+    line = format_train_line({**RECORD, "loss": float("nan"), "grad_norm": float("inf")}, 600)
+    assert "loss nan" in line and "grad norm inf" in line
 
 
 def _cfg(make_config, tmp_path, **changes):
@@ -102,6 +112,22 @@ def test_tensorboard_scalars(make_config, tmp_path):
     assert "train/mfu" not in tags  # None is not a scalar
     (loss,) = events.Scalars("train/loss")
     assert (loss.step, loss.value) == (20, pytest.approx(4.12345))
+
+
+def test_tensorboard_and_wandb_scalars_keep_non_finite_values(make_config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    diverged = {**RECORD, "loss": float("nan"), "grad_norm": float("inf")}
+    assert math.isnan(scalars(diverged, "train")["train/loss"])  # what wandb receives too
+    cfg = _cfg(make_config, tmp_path, tensorboard_dir=str(tmp_path / "tb"))
+    loggers = build_loggers(cfg, rank=0, train_iters=80)
+    loggers.log_train(diverged)
+    loggers.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    (loss,) = events.Scalars("train/loss")
+    (norm,) = events.Scalars("train/grad_norm")
+    assert math.isnan(loss.value) and norm.value == math.inf
 
 
 def test_wandb_offline(make_config, tmp_path, monkeypatch):
