@@ -76,3 +76,21 @@ def test_fp16_too_many_consecutive_overflows_stop_the_run(tmp_path):
     assert "optimizer steps were all skipped because the gradients overflowed" in (
         done.stdout + done.stderr
     )
+
+
+def test_fp16_scale_follows_hysteresis_window_and_floor_on_the_gpu_engine(tmp_path):
+    # A real run on the GPU's fp16 engine: the logged scale after every step is DeepSpeed's
+    # (GPT-NeoX's) rule fed with the steps the run skipped (test_fp16_engine_scaling.py).
+    from tests.unit.training.test_fp16_engine_scaling import ReferenceScaler
+
+    fp16 = {"loss_scale": 0, "initial_scale_power": 32, "loss_scale_window": 3, "hysteresis": 2,
+            "min_loss_scale": 1}  # fmt: skip
+    done = _deepy(tmp_path / "hysteresis", fp16=fp16, train_iters=40, eval_interval=0,
+                  save=None)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = _train_records(tmp_path / "hysteresis")
+    reference = ReferenceScaler(2.0**32, window=3, hysteresis=2, min_scale=1)
+    expected = [reference.update(bool(r["skipped"])) for r in records]
+    assert [r["loss_scale"] for r in records] == expected
+    assert records[0]["skipped"] and records[0]["loss_scale"] == 2.0**32  # absorbed, not halved
+    assert not records[-1]["skipped"]
