@@ -113,6 +113,8 @@ GATES: dict[str, Gate] = {
     "mup": Gate(("use_mup",), bool, "use_mup: true"),
     "dpo": Gate(("train_impl",), lambda v: v == "dpo", "train_impl: dpo"),
     "kto": Gate(("train_impl",), lambda v: v == "kto", "train_impl: kto"),
+    "reinforce": Gate(("train_impl",), lambda v: v == "reinforce", "train_impl: reinforce"),
+    "online": Gate(("dataset_impl",), lambda v: v == "online", "dataset_impl: online"),
     "pairwise": Gate(("dataset_impl",), lambda v: v == "pairwise", "dataset_impl: pairwise"),
     "unpacked": Gate(("pack_impl",), lambda v: v not in (None, "packed"), "pack_impl != packed"),
     "unique": Gate(("num_unique_layers",), lambda v: v is not None, "num_unique_layers"),
@@ -229,6 +231,10 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "te_fp8_margin": _refused(_TE, 0, gate="te"),
     "bias_dropout_fusion": _none("fused bias-dropout-add; unfused computes the same", False),
     "fp16_lm_cross_entropy": _refused(_OURS_FP32, False),
+    "use_flashattn_swiglu": _none("flash-attn's fused SwiGLU; unfused computes the same", False),
+    "mlp_type": _refused(
+        "older GPT-NeoX's Llama MLP: set activation: swiglu and mlp_multiple_of: 256", "regular"
+    ),
     # mixture of experts (issue 13)
     "moe_num_experts": _pending(13, _MOE, 1),
     "moe_type": _pending(13, _MOE, "megablocks", gate="moe"),
@@ -247,6 +253,10 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "moe_expert_parallel_size": _pending(13, _MOE, 1, gate="moe"),
     "enable_expert_tensor_parallelism": _pending(13, _MOE, False, gate="moe"),
     "expert_interval": _pending(13, _MOE, 2, gate="moe"),
+    "moe_expert_interval": _pending(13, _MOE, 1, gate="moe"),
+    "moe_loss_coeff": _pending(13, _MOE, 0.1, gate="moe"),
+    "create_moe_param_group": _pending(13, _MOE, True, gate="moe"),
+    "use_tutel": _none("Tutel MoE kernels (MoE is refused)", False),
     "z_loss": _pending(13, "the z-loss term is not implemented yet", 0.0),
     # objectives and datasets (issue 12)
     "train_impl": _pending(12, _DPO, "normal"),
@@ -261,6 +271,14 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "kto_undesirable_weight": _pending(12, _DPO, 1.0, gate="kto"),
     "kto_beta": _pending(12, _DPO, 0.1, gate="kto"),
     "precompute_model_name": _pending(12, "precompute is not supported", None, gate="precompute"),
+    "fp32_reinforce": _refused("REINFORCE training is not implemented", True, gate="reinforce"),
+    "kl_impl": _refused("REINFORCE training is not implemented", "mse", gate="reinforce"),
+    "kl_div_beta": _refused("REINFORCE training is not implemented", 0.1, gate="reinforce"),
+    "reinforce_leave_one_out": _refused(
+        "REINFORCE training is not implemented", False, gate="reinforce"
+    ),
+    "online_dataserver_ips": _refused("online data serving", "localhost", gate="online"),
+    "online_dataserver_ports": _refused("online data serving", 10000, gate="online"),
     **{
         f"{split}_reward_data_paths": _pending(12, _DPO, None, gate="kto")
         for split in ("train", "valid", "test")
@@ -309,6 +327,8 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "s3_path": _none("checkpoints are not uploaded to S3", None),
     "s3_chunk_size": _none("checkpoints are not uploaded to S3", 104_857_600),
     "detect_nvlink_pairs": _none("launcher detail", False),
+    "serve_model_weights": _none("weights are not served over a socket", False),
+    "weight_server_port": _none("weights are not served over a socket", 6000),
     "log_optimizer_states": _none(_LOG, False),
     "wandb_init_all_ranks": _none(_LOG, False),
     "log_grad_pct_zeros": _none(_LOG, False),

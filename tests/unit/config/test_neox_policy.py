@@ -108,6 +108,32 @@ NEOX_DEFAULTS = {
     "profile_step_start": 10,
     "profile_step_stop": 12,
     "use_comet": None,
+    # GPT-NeoX 2025 (MoE group and REINFORCE, online data, weight serving)
+    "moe_expert_interval": 1,
+    "moe_router_type": "sinkhorn",
+    "fp32_reinforce": True,
+    "kl_impl": "mse",
+    "kl_div_beta": 0.1,
+    "reinforce_leave_one_out": False,
+    "online_dataserver_ips": "localhost",
+    "online_dataserver_ports": 10000,
+    "serve_model_weights": False,
+    "weight_server_port": 6000,
+    "te_columnparallel": False,
+    "te_rowparallel": False,
+    "te_layernorm_mlp": False,
+    "te_mha": False,
+    "te_fp8_format": "hybrid",
+    "te_fp8_wgrad": True,
+    "te_fp8_amax_history_len": 1,
+    "te_fp8_amax_compute_algo": "most_recent",
+    "te_fp8_margin": 0,
+    "te_fp8_mha": False,
+    # GPT-NeoX 2024 MoE keys
+    "moe_loss_coeff": 0.1,
+    "create_moe_param_group": True,
+    "use_tutel": False,
+    "use_flashattn_swiglu": False,
 }
 
 # Our keys whose default GPT-NeoX also defines (same file).
