@@ -33,7 +33,9 @@ class OptimizerConfig:
     """`{type, params}` as in GPT-NeoX: type is one of Adam, AdamW, OneBitAdam, CPU_Adam,
     CPU_torch_adam, SM3, madgrad_wd, Lion, SGD; params holds `lr`, `betas`, `eps`, ... .
     Without it (or without a type or lr in it), GPT-NeoX's default is used with a warning:
-    Adam, lr 1e-3, betas [0.9, 0.999], eps 1e-8."""
+    Adam, lr 1e-3, betas [0.9, 0.999], eps 1e-8. SM3 and OneBitAdam need whole parameters:
+    refused with ZeRO stages 1-3 and with bf16 on the pipeline engine, where DeepSpeed hands
+    the optimizer flat partitions."""
 
     lr: float | None = None
     """Peak learning rate; by default taken from `optimizer.params.lr`."""
