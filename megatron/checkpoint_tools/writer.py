@@ -25,7 +25,13 @@ import torch
 from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
-from megatron.training.checkpointing import CONFIG_FILE, TRAINER_STATE, tag_for, write_latest
+from megatron.training.checkpointing import (
+    CONFIG_FILE,
+    TRAINER_STATE,
+    mark_complete,
+    tag_for,
+    write_latest,
+)
 
 
 def _check_state(schema: ModelSchema, state: dict) -> None:
@@ -125,5 +131,6 @@ def write_checkpoint(
             torch.save(ranked, folder / mp_rank_file(stage * tp + t))
     torch.save({**(trainer_state or {}), "iteration": iteration}, folder / TRAINER_STATE)
     (folder / CONFIG_FILE).write_text(json.dumps(config_dict, indent=1))
+    mark_complete(folder, tag)
     write_latest(save_dir, tag)
     return folder
