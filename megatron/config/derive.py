@@ -170,17 +170,16 @@ def derive_optimizer(cfg: Config, sources: dict[str, str], warn: list[str], trai
     defaulted = []
     if o.optimizer is None:
         params = dict(NEOX_DEFAULT_PARAMS)
-        defaulted.append(f"optimizer {NEOX_DEFAULT_OPTIMIZER} ({params})")
+        defaulted.append(
+            f"optimizer {NEOX_DEFAULT_OPTIMIZER} (betas {params['betas']}, eps {params['eps']})"
+        )
     elif "type" not in section:
         defaulted.append(f"optimizer.type {NEOX_DEFAULT_OPTIMIZER}")
     if lr is None:
         lr = NEOX_DEFAULT_LR
         defaulted.append(f"lr {NEOX_DEFAULT_LR}")
     if defaulted and training:
-        warn.append(
-            f"the config sets no {' and no '.join(d.split()[0] for d in defaulted)}: using "
-            f"GPT-NeoX's default {', '.join(defaulted)}{_src(sources, 'optimizer')}"
-        )
+        warn.append(f"using GPT-NeoX's default {', '.join(defaulted)}: the config sets none")
     return dataclasses.replace(o, lr=float(lr), optimizer_type=canonical, optimizer_params=params)
 
 

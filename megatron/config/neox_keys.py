@@ -175,8 +175,11 @@ _PAIRS = "pairwise (preference) datasets are not read here yet"
 _TE = "TransformerEngine layers are not built here"
 _MUP = "muP parametrisation is not implemented here"
 _OURS_FP32 = "the output cross entropy is always computed in fp32 here"
-_FP16 = "set loss scaling in the fp16 section (fp16.loss_scale, fp16.hysteresis, ...)"
+_FP16 = "top-level loss-scaling keys are not read: set fp16.loss_scale, fp16.hysteresis, ..."
 _LOG = "a logging/profiling back end this trainer does not have"
+_RPE = "T5 relative position encoding is not built"
+_ONLINE = "online data serving is not implemented"
+_REINFORCE = "REINFORCE training is not implemented"
 
 NEOX_KEYS: dict[str, NeoxKey] = {
     # model variants
@@ -193,12 +196,12 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "sliding_window_width": _pending(13, "sliding-window attention is not built yet", None),
     "layernorm_fusion": _none("fused layer norm kernel; the unfused one computes the same", False),
     "rmsnorm_fusion": _none("fused RMSNorm kernel; the unfused one computes the same", False),
-    "rpe_num_buckets": _refused("T5 relative position buckets", 32, gate="rpe"),
-    "rpe_max_distance": _refused("T5 relative position distance", 128, gate="rpe"),
+    "rpe_num_buckets": _refused(_RPE, 32, gate="rpe"),
+    "rpe_max_distance": _refused(_RPE, 128, gate="rpe"),
     "opt_pos_emb_offset": _refused("OPT's learned-position offset is not built", 0),
     "sparsity_config": _refused("sparse attention is not built", None, {}, gate="sparse"),
-    "num_unique_layers": _refused("layer sharing is not built; remove the key", None),
-    "param_sharing_style": _refused("layer sharing", "grouped", gate="unique"),
+    "num_unique_layers": _refused("layer sharing is not built", None),
+    "param_sharing_style": _refused("layer sharing is not built", "grouped", gate="unique"),
     "use_cpu_initialization": _none(
         "weights are always initialised as full tensors before splitting, as on CPU", False
     ),
@@ -271,14 +274,14 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "kto_undesirable_weight": _pending(12, _DPO, 1.0, gate="kto"),
     "kto_beta": _pending(12, _DPO, 0.1, gate="kto"),
     "precompute_model_name": _pending(12, "precompute is not supported", None, gate="precompute"),
-    "fp32_reinforce": _refused("REINFORCE training is not implemented", True, gate="reinforce"),
-    "kl_impl": _refused("REINFORCE training is not implemented", "mse", gate="reinforce"),
-    "kl_div_beta": _refused("REINFORCE training is not implemented", 0.1, gate="reinforce"),
+    "fp32_reinforce": _refused(_REINFORCE, True, gate="reinforce"),
+    "kl_impl": _refused(_REINFORCE, "mse", gate="reinforce"),
+    "kl_div_beta": _refused(_REINFORCE, 0.1, gate="reinforce"),
     "reinforce_leave_one_out": _refused(
         "REINFORCE training is not implemented", False, gate="reinforce"
     ),
-    "online_dataserver_ips": _refused("online data serving", "localhost", gate="online"),
-    "online_dataserver_ports": _refused("online data serving", 10000, gate="online"),
+    "online_dataserver_ips": _refused(_ONLINE, "localhost", gate="online"),
+    "online_dataserver_ports": _refused(_ONLINE, 10000, gate="online"),
     **{
         f"{split}_reward_data_paths": _pending(12, _DPO, None, gate="kto")
         for split in ("train", "valid", "test")

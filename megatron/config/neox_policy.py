@@ -100,15 +100,11 @@ def _gate_active(spec: NeoxKey, values: dict[str, Any]) -> bool:
 
 
 def _refusal(key: str, setting: Setting, spec: NeoxKey) -> str:
-    status = (
-        f"implemented by open issue {spec.issue}, not landed yet"
-        if spec.issue
-        else "not implemented here"
-    )
+    status = f" (open issue {spec.issue} implements it; not landed yet)" if spec.issue else ""
     return (
-        f"config key '{key}' ({setting.source}) is {setting.value!r}: {spec.advice} ({status}), "
-        f"so the run would differ from its config; remove the key or set it to GPT-NeoX's "
-        f"default {spec.defaults[0]!r}"
+        f"config key '{key}' ({setting.source}) is {setting.value!r}: {spec.advice}{status}; "
+        f"the run would not do what the config says, so it is refused: remove the key or set it "
+        f"to GPT-NeoX's default {spec.defaults[0]!r}"
     )
 
 

@@ -211,7 +211,7 @@ def test_keys_that_change_the_run_are_refused_naming_key_and_file(write, text, k
 
 
 def test_keys_of_open_issues_say_so(write):
-    with pytest.raises(ConfigError, match="open issue 13"):
+    with pytest.raises(ConfigError, match="open issue 13 implements it"):
         _load(write, "moe_num_experts: 8\nmoe_top_k: 2\n")
     with pytest.raises(ConfigError, match="train_impl.*open issue 12"):
         _load(write, "train_impl: kto\n")
