@@ -75,7 +75,8 @@ class Config:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     unimplemented: dict[str, Any] = field(default_factory=dict)
-    """GPT-NeoX keys that were accepted but have no effect here (kept for the record)."""
+    """GPT-NeoX keys of `neox_keys.NEOX_KEYS` the config set and resolution accepted (at
+    GPT-NeoX's default, without effect here, or expressed through our keys): the record."""
     config_files: tuple[str, ...] = ()
     """The files this config was merged from, in order."""
 
