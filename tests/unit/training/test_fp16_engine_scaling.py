@@ -124,6 +124,12 @@ def _scaling_of_every_engine(rank, world_size, folder):
             "hysteresis_saved": engine.optimizer.state_dict().get(HYSTERESIS_STATE_KEY),
             "left": scaler.cur_hysteresis,
         }
+        if layout == "plain_zero0":  # the scaler's state survives a checkpoint
+            engine.save_checkpoint(str(folder / "ckpt"))
+            again, _ = _engine(folder / "again", layout)
+            again.load_checkpoint(str(folder / "ckpt"))
+            out[layout]["resumed"] = (float(again.optimizer.loss_scale),
+                                      again.optimizer.loss_scaler.cur_hysteresis)  # fmt: skip
         # On a fresh engine, a real step at a scale no fp16 gradient survives overflows only
         # if the loss is scaled in backward; then one that fits, its gradient norm unscaled.
         engine, topology = _engine(folder / f"{layout}_train", layout)
@@ -147,7 +153,8 @@ def test_every_fp16_engine_follows_the_configured_dynamic_loss_scaling(tmp_path)
         assert r["scales"] == expected, layout
         assert not r["huge_applied"] and r["fit_applied"], layout
     zero0 = results["plain_zero0"]
-    assert zero0["hysteresis_saved"] == zero0["left"]  # checkpointed with the optimizer
+    assert zero0["hysteresis_saved"] == zero0["left"] == 1  # checkpointed with the optimizer
+    assert zero0["resumed"] == (expected[-1], zero0["left"])
     for layout in ("pipeline_zero0", "plain_zero1"):  # the same step on every engine
         assert results[layout]["loss"] == pytest.approx(zero0["loss"], rel=1e-3)
         assert results[layout]["norm"] == pytest.approx(zero0["norm"], rel=2e-2)
