@@ -2,7 +2,7 @@
 
 DeepSpeed refuses fp16 on a CPU without native fp16 kernels; that is a capability check,
 torch computes fp16 on any CPU. The worker answers it with "supported", so the real fp16
-engines (plain and pipeline at ZeRO 0, plain at ZeRO 1) are built and trained here. Their
+engines (plain and pipeline at ZeRO 0, plain at ZeRO 1 and 3) are built and trained here. Their
 scale must follow DeepSpeed's (GPT-NeoX's) dynamic loss scaling rule, written below from its
 definition: `hysteresis` overflows before the scale halves, growth after `loss_scale_window`
 clean steps (refilling the hysteresis), never below `min_loss_scale`.
@@ -25,6 +25,7 @@ LAYOUTS = {
     "plain_zero0": dict(pipe_parallel_size=0),
     "pipeline_zero0": dict(pipe_parallel_size=1),
     "plain_zero1": dict(pipe_parallel_size=0, zero_optimization={"stage": 1}),
+    "plain_zero3": dict(pipe_parallel_size=0, zero_optimization={"stage": 3}),
 }
 
 
@@ -84,12 +85,11 @@ def _engine(folder, layout):
 def _drive(engine, steps) -> list[float]:
     """Feed overflowing/clean steps to the engine's own optimizer; the scale after each."""
     import torch
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     optimizer, scales = engine.optimizer, []
     for overflow in steps:
-        if isinstance(optimizer, DeepSpeedZeroOptimizer):
-            optimizer.loss_scaler.update_scale(overflow)  # what its step() calls
+        if not hasattr(optimizer, "loss_scale_config"):  # ZeRO: what its step() calls
+            optimizer.loss_scaler.update_scale(overflow)
         else:  # FP16_UnfusedOptimizer: its real step, on gradients set on the fp16 weights
             for p in engine.module.parameters():
                 p.grad = torch.full_like(p, 1e-3)
@@ -155,6 +155,6 @@ def test_every_fp16_engine_follows_the_configured_dynamic_loss_scaling(tmp_path)
     zero0 = results["plain_zero0"]
     assert zero0["hysteresis_saved"] == zero0["left"] == 1  # checkpointed with the optimizer
     assert zero0["resumed"] == (expected[-1], zero0["left"])
-    for layout in ("pipeline_zero0", "plain_zero1"):  # the same step on every engine
+    for layout in ("pipeline_zero0", "plain_zero1", "plain_zero3"):  # the same step
         assert results[layout]["loss"] == pytest.approx(zero0["loss"], rel=1e-3)
         assert results[layout]["norm"] == pytest.approx(zero0["norm"], rel=2e-2)
