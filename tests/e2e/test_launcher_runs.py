@@ -119,9 +119,15 @@ def start(directory: Path, settings: dict, stack: ExitStack) -> Launch:
     )
     encoded = base64.b64encode(json.dumps(settings).encode()).decode()
     user_args = ["--settings", encoded, "--out", str(directory / "out")]
+    # Verbose: the runner's INFO lines print the worker commands, which must hold no secret.
     plan = stack.enter_context(
         prepare_launch(
-            settings, str(worker), user_args, environ=environ, launch_dir=str(directory / "s")
+            settings,
+            str(worker),
+            user_args,
+            environ=environ,
+            launch_dir=str(directory / "s"),
+            verbose=True,
         )
     )
     assert plan.world_size == 2
@@ -200,7 +206,7 @@ def test_slurm_launch_through_srun(launches):
     assert srun[:3] == ["-n", "2", "--comment=e2e run"]
     export = next(a for a in srun if a.startswith("--export="))
     assert export.startswith("--export=ALL") and "WANDB" not in export
-    assert srun[-2:] == ["--out", str(launch.directory / "out")]
+    assert srun[-3:] == ["--out", str(launch.directory / "out"), "--verbose"]
 
 
 def test_openmpi_launch_through_mpirun(launches):
