@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_fp16_overflow_is_skipped_and_the_scale_backs_off(tmp_path):
     scales = [r["loss_scale"] for r in records]
     assert sum(r["skipped"] for r in records) >= 1
     assert scales[-1] < 2**32 and all(s is not None for s in scales)
-    applied = [r["loss"] for r in records if r["loss"] is not None]
+    applied = [r["loss"] for r in records if not r["skipped"]]
     assert applied[-1] < applied[0]
 
 
@@ -73,8 +74,9 @@ def test_fp16_too_many_consecutive_overflows_stop_the_run(tmp_path):
     done = _deepy(tmp_path / "stop", fp16=FP16, max_consecutive_skipped_steps=2,
                   train_iters=30, eval_interval=0, save=None)  # fmt: skip
     assert done.returncode != 0
-    assert "optimizer steps were all skipped because the gradients overflowed" in (
-        done.stdout + done.stderr
+    assert re.search(
+        r"stopping at iteration \d+: the last 2 optimizer steps were all skipped",
+        done.stdout + done.stderr,
     )
 
 
