@@ -4,9 +4,12 @@ Launcher side (`deepy.py`):
 
 * `prepare_launch(cfg.launcher, script, user_args)`: context manager giving a `LaunchPlan`
   (`argv`, `env`, `world_size`, `display()`), with secrets kept off every command line;
-  `run_launch(plan)` runs it.
+  `run_launch(plan)` runs it; `verbose=True` shows DeepSpeed's INFO lines.
 * `build_runner_argv(cfg.launcher, script, user_args)`: just the runner command line.
 * `planned_world_size(cfg.launcher)`: how many workers the launch starts.
+* `check_optional_packages(script, group)` (`preflight.py`): refuses a run that needs a package
+  this Python lacks, with the pip command; `choose_master_port` (`ports.py`): a free port for
+  a one-machine run that sets none, a set one refused when taken.
 * `redact_argv`, `redact_env`, `redact_text`: printable forms of commands and environments.
 
 Worker side (`train.py` and friends), in this order:
