@@ -62,7 +62,8 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float | Non
 
     sync_deepspeed_logger()
     if dist.is_available() and dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
+        with quiet_deepspeed():
+            deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
         return dist.get_backend()
     missing = [name for name in _REQUIRED if name not in os.environ]
     if missing:
