@@ -18,10 +18,11 @@ from megatron.config.verbosity import (
 @pytest.fixture(autouse=True)
 def restore_levels():
     root, ds = logging.getLogger(), logging.getLogger(DEEPSPEED_LOGGER)
-    saved = root.level, ds.level
+    saved = root.level, ds.level, list(root.handlers)
     yield
     root.setLevel(saved[0])
     ds.setLevel(saved[1])
+    root.handlers[:] = saved[2]
 
 
 def test_quiet_worker_hides_deepspeed_prints_and_info(capsys):
