@@ -5,6 +5,7 @@ from __future__ import annotations
 from megatron.config.config import Config
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.schema import ConfigError
+from megatron.config.torch_compile import validate_torch_compile
 
 # Optimizers DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`.
 ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam")
@@ -168,3 +169,4 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_optimizer_engine(cfg, sources)
     validate_data(cfg, sources)
     validate_schedule(cfg, sources)
+    validate_torch_compile(cfg, sources)

@@ -29,6 +29,7 @@ from megatron.model.gpt import (
     GPTModel,
     build_gpt,
     build_model,
+    compile_transformer_layers,
     configure_activation_checkpointing,
     pipeline_config_for,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "ModelArgs",
     "build_gpt",
     "build_model",
+    "compile_transformer_layers",
     "configure_activation_checkpointing",
     "count_model_parameters",
     "count_parameters",

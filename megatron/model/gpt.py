@@ -13,6 +13,9 @@ DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-par
 `args` (the `ModelArgs`) and, with tensor parallelism, hooks summing the gradients of
 sequence-parallel/partial replicated parameters over the tensor-parallel group.
 
+`compile_transformer_layers(model)` compiles each transformer layer in place with
+`torch.compile` (the training config's `torch_compile`).
+
 With `sequence_parallel` and more than one stage, DeepSpeed's config must carry
 `"pipeline": PIPELINE_SP_CONFIG` (`pipeline_config_for(args)` says what a model needs).
 """
@@ -121,6 +124,24 @@ def configure_activation_checkpointing(args: ModelArgs, topology=None) -> None:
         synchronize=args.synchronize_each_layer,
         profile=args.profile_backward,
     )
+
+
+def compile_transformer_layers(model: nn.Module) -> int:
+    """Compile every transformer layer of `model` in place (`nn.Module.compile`); returns how
+    many.
+
+    Per layer, not the whole model: the pipeline engine calls the layers of a stage one by one
+    and activation checkpointing wraps runs of them in DeepSpeed's `checkpoint`, whose RNG
+    state juggling Dynamo cannot trace; a layer is the largest unit both leave whole. The
+    layers are instances of one class with parameters of one shape, so they share one graph
+    (one compilation, not one per layer). In place, the modules keep their class and
+    parameter names, so checkpoints, `checkpointable_layers` and the partitioner see no
+    difference. Compilation happens on the first forward.
+    """
+    layers = [m for m in model.modules() if type(m).__name__ in TRANSFORMER_LAYER_NAMES]
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def _check_partition_method(method: str) -> str:

@@ -16,6 +16,10 @@ only; buffers keep their dtype).
 
 The pipeline engine never gets here: DeepSpeed's pipeline engine does not support ZeRO-3, and
 `validate.validate_parallel` refuses it at resolution.
+
+`torch_compile` compiles the transformer layers of the model built here, partitioned or not
+(`megatron.model.compile_transformer_layers`; under ZeRO-3 DeepSpeed's gather hooks, which it
+excludes from compilation, split each layer's graph at every sub-module).
 """
 
 from __future__ import annotations
@@ -39,6 +43,17 @@ def build_model_for_engine(cfg, topology, ds_config: dict) -> torch.nn.Module:
     """`megatron.model.build_model(cfg, topology)`, partitioned at construction under ZeRO-3.
 
     `ds_config` is the DeepSpeed config the engine gets (`deepspeed_config(cfg)`)."""
+    from megatron.config.torch_compile import validate_torch_compile_device
+    from megatron.model import compile_transformer_layers
+
+    validate_torch_compile_device(cfg, on_gpu=torch.cuda.is_available())
+    model = _build(cfg, topology, ds_config)
+    if cfg.training.torch_compile:
+        compile_transformer_layers(model)
+    return model
+
+
+def _build(cfg, topology, ds_config: dict) -> torch.nn.Module:
     from megatron.model import build_model
 
     if cfg.parallel.zero_stage != 3:
