@@ -96,7 +96,7 @@ def hf_model(cfg):
         hidden_size=m.hidden_size,
         num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
+        intermediate_size=shape.mlp_inner_size,
         max_position_embeddings=m.max_position_embeddings or m.seq_length,
         rotary_pct=m.rotary_pct if m.pos_emb == "rotary" else 1.0,
         use_parallel_residual=m.gpt_j_residual,
