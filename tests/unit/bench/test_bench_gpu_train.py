@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from megatron.config import config_from_dict
@@ -29,6 +30,8 @@ CONTENDERS = (
     "plain loop, HF GPTNeoX {p}, eager",
     "plain loop, HF GPTNeoX {p}, torch.compile",
 )
+pytestmark = pytest.mark.slow  # compiles two models: about 90 s on 2 cores, cold
+
 PEAK = 2.0  # TFLOP/s, an arbitrary peak so that MFU is computed on a CPU
 
 
