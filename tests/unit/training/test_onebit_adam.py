@@ -58,3 +58,24 @@ def test_second_moment_freezes_after_warmup_and_engine_is_told():
     fresh.attach_engine(other)
     fresh.load_state_dict(opt.state_dict())
     assert fresh.steps == 4 and other.enable_backward_allreduce is False
+
+
+def test_steps_follow_deepspeeds_definition():
+    """Warm-up: Adam without bias correction, weight decay added to the update; afterwards
+    the same update with the frozen second moment and the (compressed) momentum."""
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    lr, (b1, b2), eps, wd = 0.01, (0.9, 0.999), 1e-8, 0.1
+    opt = OneBitAdam([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, freeze_step=2)
+    expected, m, v = p.detach().clone(), torch.zeros(3), torch.zeros(3)
+    for step in range(4):
+        g = torch.tensor([0.3, -0.1, 0.2]) * (step + 1)
+        p.grad = g.clone()
+        opt.step()
+        if step < 2:
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        else:  # the momentum the optimizer kept is the compressed one: sign × rms
+            m = opt.state[p]["exp_avg"]
+            assert torch.allclose(m.abs(), m.norm() / 3**0.5)
+        expected -= lr * (m / (v.sqrt() + eps) + wd * expected)
+        assert torch.allclose(p.detach(), expected, rtol=1e-6, atol=0), step
+    assert torch.allclose(opt.state[p]["exp_avg_sq"], v, rtol=1e-6, atol=0)
