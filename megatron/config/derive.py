@@ -136,7 +136,9 @@ def derive_precision(cfg: Config, sources: dict[str, str], warn: list[str]):
     if dtype == "bf16" and p.pipe_parallel_size >= 1 and p.zero_stage == 0:
         warn.append(
             "bf16 with the pipeline engine and ZeRO stage 0: DeepSpeed accumulates gradients in "
-            "bf16 here; use zero_optimization: {stage: 1} for fp32 accumulation"
+            "bf16 here, and DeepSpeed 0.19.8 cannot load this optimizer's state on resume "
+            "(its checkpoints load with finetune: true or no_load_optim: true); use "
+            "zero_optimization: {stage: 1} for fp32 accumulation and resumable optimizer state"
         )
     return dataclasses.replace(pr, dtype=dtype)
 
