@@ -3,7 +3,7 @@
 A `.pt` file is a pickle: unpickled freely, a downloaded checkpoint could call any function
 (`os.system`, ...). Every checkpoint file this trainer and its tools read is loaded with
 `torch.load(weights_only=True)`, which builds only tensors, plain Python containers and
-numbers, and the few other types listed in `SAFE_GLOBALS`: the non-tensor objects our own
+numbers, and the few other types `_safe_globals()` lists: the non-tensor objects our own
 checkpoints hold (DeepSpeed's loss scaler, ZeRO stage and parameter-fragment records in its
 optimizer files; NumPy's RNG state array in `rng_state_rank{R}.pt`).
 
@@ -70,7 +70,7 @@ def refusal(path, error: Exception) -> UnsafeCheckpointError:
 
 @contextlib.contextmanager
 def weights_only_loading():
-    """Within: every `torch.load`, DeepSpeed's included, is weights-only with `SAFE_GLOBALS`."""
+    """Within: every `torch.load`, DeepSpeed's included, is weights-only with `_safe_globals()`."""
     saved = {key: os.environ.pop(key, None) for key in (FORCE_WEIGHTS_ONLY, FORCE_NO_WEIGHTS_ONLY)}
     os.environ[FORCE_WEIGHTS_ONLY] = "1"
     try:
