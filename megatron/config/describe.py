@@ -88,7 +88,7 @@ def _neox_markdown() -> list[str]:
         "`no effect`: cannot change what is trained; accepted, with a warning when not at",
         "GPT-NeoX's default. `refused`: changes the model, objective, data or schedule;",
         "GPT-NeoX's default is accepted, any other value is refused before launch (`refused",
-        "until issue N`: an open issue implements it). A key that only matters with another",
+        "(planned)`: the feature is planned, not built yet). A key that only matters with another",
         "feature on is accepted with a warning while that feature is off. `implemented`:",
         "GPT-NeoX's switch is expressed by our own keys, as the note says.",
         "",

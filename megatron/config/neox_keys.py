@@ -10,7 +10,8 @@ So every GPT-NeoX key this trainer does not implement has a class in `NEOX_KEYS`
 - `refused`: changes the model, the objective, the data or the schedule. GPT-NeoX's default
   value is accepted (it asks for nothing); any other value is refused before launch, naming the
   key, the file and what to do.
-- `refused until issue N`: as `refused`, for a feature an open issue implements.
+- `refused (planned)`: as `refused`, for a feature that is planned (`issue` records the
+  project issue that builds it, for developers; users are told only that it is planned).
 - `implemented`: GPT-NeoX's switch is expressed by our own keys (`implies`).
 
 A key that only matters while another one switches its feature on (`moe_top_k` without
@@ -153,7 +154,7 @@ class NeoxKey:
     @property
     def label(self) -> str:
         if self.kind == REFUSED and self.issue:
-            return f"refused until issue {self.issue}"
+            return "refused (planned)"
         return self.kind
 
 

@@ -100,7 +100,7 @@ def _gate_active(spec: NeoxKey, values: dict[str, Any]) -> bool:
 
 
 def _refusal(key: str, setting: Setting, spec: NeoxKey) -> str:
-    status = f" (open issue {spec.issue} implements it; not landed yet)" if spec.issue else ""
+    status = " (planned, not built yet)" if spec.issue else ""
     return (
         f"config key '{key}' ({setting.source}) is {setting.value!r}: {spec.advice}{status}; "
         f"the run would not do what the config says, so it is refused: remove the key or set it "
