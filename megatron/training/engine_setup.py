@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from megatron.training.fp16_scaler import install_loss_scaler
-from megatron.training.grad_norm import clip_by_global_norm
+from megatron.training.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
 from megatron.training.model_setup import build_model_for_engine
 from megatron.training.optim import OneBitAdam
@@ -72,8 +72,9 @@ def use_global_norm_clipping(engine, topology) -> None:
     """
 
     def clip_and_record():
+        known = engine.__dict__.pop(STEP_GRAD_NORM, None)  # the non-finite check's, this step
         engine._global_grad_norm = clip_by_global_norm(
-            engine.module.parameters(), engine.gradient_clipping(), topology
+            engine.module.parameters(), engine.gradient_clipping(), topology, norm=known
         )
 
     engine.clip_fp32_gradients = clip_and_record

@@ -20,6 +20,11 @@ import torch.distributed as dist
 
 from megatron.parallel import is_tensor_parallel
 
+# The engine attribute where the non-finite step check (`nonfinite.py`) leaves the global norm
+# it computed for the step under way, so the clipping of that step (`engine_setup.py`) does not
+# compute and all-reduce it a second time.
+STEP_GRAD_NORM = "megatron_step_grad_norm"
+
 
 def global_grad_norm(parameters, topology) -> torch.Tensor:
     """2-norm of all gradients of the model (collective over tp and pp)."""
@@ -42,11 +47,12 @@ def global_grad_norm(parameters, topology) -> torch.Tensor:
     return square.sqrt()
 
 
-def clip_by_global_norm(parameters, max_norm: float, topology) -> torch.Tensor:
+def clip_by_global_norm(parameters, max_norm: float, topology, norm=None) -> torch.Tensor:
     """Scale the gradients down so their global norm is at most `max_norm`; return the norm
-    before clipping."""
+    before clipping. `norm`: this step's `global_grad_norm`, when the caller has it already."""
     parameters = [p for p in parameters if p.grad is not None]
-    norm = global_grad_norm(parameters, topology)
+    if norm is None:
+        norm = global_grad_norm(parameters, topology)
     if max_norm > 0 and parameters:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         torch._foreach_mul_([p.grad.detach() for p in parameters], coef)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron.training.grad_norm import global_grad_norm
+from megatron.training.grad_norm import STEP_GRAD_NORM, global_grad_norm
 
 
 def _any_rank(flag: bool, device) -> bool:
@@ -62,10 +62,13 @@ class NonFiniteSteps:
         take_step = self.engine._take_model_step
 
         def guarded_step(lr_kwargs=None):
-            if _any_rank(self._bad_here(), self.engine.device):
-                self._skip(take_step, lr_kwargs)
-            else:
-                take_step(lr_kwargs)
+            try:
+                if _any_rank(self._bad_here(), self.engine.device):
+                    self._skip(take_step, lr_kwargs)
+                else:
+                    take_step(lr_kwargs)
+            finally:
+                self.engine.__dict__.pop(STEP_GRAD_NORM, None)  # never seen by a later step
 
         self.engine._take_model_step = guarded_step
 
@@ -75,6 +78,7 @@ class NonFiniteSteps:
             params = [p for p in self.engine.module.parameters() if p.grad is not None]
             norm = global_grad_norm(params, self.topology)
             self.engine._global_grad_norm = norm  # the step's norm, shown in the logs
+            setattr(self.engine, STEP_GRAD_NORM, norm)  # reused by the clipping of this step
             bad = bad or not _is_finite(norm)
         return bad
 
