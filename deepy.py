@@ -117,6 +117,18 @@ def resolve(args: argparse.Namespace) -> Config:
     return cfg.replace(master_port=choose_master_port(cfg.launcher, set_in=port_set_in))
 
 
+def preflight(cfg: Config, script: str) -> list:
+    """Check the files the run will read and write; warn, or refuse before anything starts."""
+    from megatron.preflight import WARNING, raise_on_errors, run_preflight
+
+    findings = run_preflight(cfg, script, shared_fs=cfg.launcher.preflight_shared_fs)
+    for finding in findings:
+        if finding.level == WARNING:
+            log.warning("pre-flight %s: %s", finding.check, finding.message)
+    raise_on_errors(findings)
+    return findings
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
@@ -131,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(args.script):
         raise ConfigError(f"worker script '{args.script}' not found")
     cfg = resolve(args)
+    findings = preflight(cfg, args.script)
     from megatron.launcher import prepare_launch, run_launch
 
     user_args = [BUNDLE_FLAG, encode_bundle(cfg)]
@@ -139,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
             print(json.dumps(resolved, indent=2, sort_keys=True))
             print(plan.display())
+            print("pre-flight:\n" + "\n".join(f"  {f.line()}" for f in findings))
             return 0
         log.info(
             "launching %s on %d rank(s), master port %d%s",

@@ -53,3 +53,9 @@ class LauncherConfig:
 
     launcher_args: str | None = None
     """Extra arguments for pdsh/srun/mpirun, passed through the runner's `--launcher_args`."""
+
+    preflight_shared_fs: bool = True
+    """Pre-flight checks read the files the workers will read (datasets, tokenizer files, the
+    checkpoint in `load`, free space in `save`) on the launching machine. Set false when that
+    machine does not see the workers' file system (some multi-node clusters): those checks are
+    then skipped, and `deepy.py` says so."""
