@@ -51,6 +51,15 @@ class LauncherConfig:
     no_ssh_check: bool = False
     """Skip the runner's ssh reachability check of the hosts."""
 
+    no_ssh: bool = False
+    """Launch without ssh (Kubernetes, clusters that forbid it): run the same `deepy.py` command
+    on every node; each starts its own ranks with DeepSpeed's `--no_ssh`, taking its node rank
+    from NODE_RANK (else JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets), the node count
+    from NNODES (else `num_nodes`), the rendezvous from MASTER_ADDR (else `master_addr`) and
+    MASTER_PORT (else `master_port`, never a free port: every node must agree). Slots per node:
+    `num_gpus`, else this node's GPUs. Only with `launcher: pdsh` and no `force_multi` or
+    `launcher_args`."""
+
     launcher_args: str | None = None
     """Extra arguments for pdsh/srun/mpirun, passed through the runner's `--launcher_args`."""
 

@@ -10,13 +10,16 @@ megatron/config/verbosity.py).
 
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
 runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
-(SLURM_JOB_NODELIST), it writes a hostfile of the allocation's nodes for the runner.
+(SLURM_JOB_NODELIST), it writes a hostfile of the allocation's nodes for the runner; with
+`no_ssh: true` and no hostfile, one of the NNODES nodes (megatron.launcher.nossh), and the
+launch starts only this node's ranks (`plan.describe()` says which).
 
 For a local launch the environment is passed through unchanged. For a multi-node launch,
 variables that look secret (`is_secret_name`) are removed from
 the runner's environment and written to a private file (see megatron.launcher.secrets),
 which the context manager deletes on exit. On a machine without GPUs, a local launch also
-gets DS_ACCELERATOR=cpu so the runner and workers do not probe for accelerators.
+(or a `no_ssh` node's) gets DS_ACCELERATOR=cpu so the runner and workers do not probe for
+accelerators.
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ class LaunchPlan:
     @property
     def world_size(self) -> int:
         return self.resources.world_size
+
+    def describe(self) -> str:
+        """What this launch starts, for the console: "4 rank(s)", or a no_ssh node's share."""
+        node = self.resources.node
+        if node is None:
+            return f"{self.world_size} rank(s)"
+        slots = self.resources.resources[self.resources.hosts[node.node_rank]]
+        first = sum(len(s) for s in list(self.resources.resources.values())[: node.node_rank])
+        return f"ranks {first}-{first + len(slots) - 1} of {self.world_size} ({node.describe()})"
 
     def display(self) -> str:
         """The runner command as one shell line, safe to print or log."""
@@ -128,7 +140,8 @@ def prepare_launch(
             for name in forwarded:
                 del env[name]
             env[SECRETS_FILE_VAR] = secrets_file
-        if not resources.multi_node and resources.hostfile is None and _no_gpu(device_count):
+        this_machine = resources.hostfile is None or resources.node is not None
+        if not resources.multi_node and this_machine and _no_gpu(device_count):
             env.setdefault("DS_ACCELERATOR", "cpu")
         argv = runner_argv_for_plan(
             resources,

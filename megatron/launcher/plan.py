@@ -28,6 +28,7 @@ from megatron.launcher.hostfile import (
     trim_resources,
 )
 from megatron.launcher.nodelist import expand_slurm_nodelist
+from megatron.launcher.nossh import NoSshNode, expected_node_count, host_names, read_node
 from megatron.launcher.settings import LauncherSettings
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,11 @@ class LaunchResources:
     multi_node: bool
     """True: the runner uses the multi-node backend; False: a local launch.py."""
     hostfile_text: str | None = None
-    """A hostfile to write and pass to the runner (SLURM allocation without a hostfile)."""
+    """A hostfile to write and pass to the runner (SLURM allocation, or `no_ssh` nodes, without
+    a hostfile)."""
+    node: NoSshNode | None = None
+    """With `no_ssh: true`: this node's rank and the rendezvous (multi_node is then False: the
+    runner starts this node's ranks with a local launch.py)."""
 
     @property
     def world_size(self) -> int:
@@ -87,6 +92,8 @@ def plan_resources(
     without a hostfile. With `environ` (the launching environment), `launcher: slurm` and
     no hostfile inside a multi-node SLURM allocation use the allocation's nodes
     (`slurm_allocation_pool`) and set `hostfile_text` for `prepare_launch` to write.
+    With `no_ssh: true`, this node's place comes from `environ` (None: `os.environ`); see
+    megatron.launcher.nossh.
     """
     settings = LauncherSettings.from_config(launcher)
     hostfile = resolve_hostfile(settings)
@@ -106,6 +113,8 @@ def plan_resources(
     if settings.is_mpi:
         _check_mpi(settings, hostfile)
 
+    if settings.no_ssh and environ is None:
+        environ = os.environ
     hostfile_text = None
     slurm_pool = None
     if hostfile is None and settings.launcher == "slurm" and environ is not None:
@@ -118,28 +127,52 @@ def plan_resources(
         check_source = source
         hostfile_text = format_hostfile(pool)
     else:
-        if settings.num_nodes > 1:
-            raise LauncherError(
-                f"num_nodes: {settings.num_nodes} needs a hostfile listing the nodes; "
-                "without one the runner only uses this machine"
-            )
-        count = local_device_count() if device_count is None else device_count
-        if count == 0 and num_gpus is None and not settings.include:
-            num_gpus = 1  # one CPU rank by default, whatever the NUMA layout
-        pool = OrderedDict(localhost=max(count, 1))
-        source = LOCAL_SOURCE
-        check_source = source if count > 0 else None  # CPU ranks: any number is fine
+        local = _local_pool(settings, num_gpus, device_count, environ)
+        pool, source, check_source, num_gpus = local
+        if settings.no_ssh:
+            hostfile_text = format_hostfile(pool)
     resources = apply_resource_filter(pool, settings.include, settings.exclude, source=source)
     resources = trim_resources(resources, settings.num_nodes, num_gpus, source=check_source)
+    node = read_node(settings, environ, len(resources), source) if settings.no_ssh else None
     forced = settings.force_multi or settings.launcher != "pdsh"
     return LaunchResources(
         settings=settings,
         hostfile=hostfile,
         resources=resources,
         num_gpus=num_gpus,
-        multi_node=forced or len(resources) > 1,
+        multi_node=node is None and (forced or len(resources) > 1),
         hostfile_text=hostfile_text,
+        node=node,
     )
+
+
+def _local_pool(
+    settings: LauncherSettings,
+    num_gpus: int | None,
+    device_count: int | None,
+    environ: Mapping[str, str] | None,
+) -> tuple[OrderedDict[str, int], str, str | None, int | None]:
+    """Without a hostfile: this machine, or with `no_ssh` NNODES nodes alike.
+
+    Returns the pool, its name for errors, the name when slots must be checked against it
+    (None for CPU ranks: any number is fine) and the `num_gpus` to apply.
+    """
+    if settings.num_nodes > 1 and not settings.no_ssh:
+        raise LauncherError(
+            f"num_nodes: {settings.num_nodes} needs a hostfile listing the nodes; "
+            "without one the runner only uses this machine"
+        )
+    count = local_device_count() if device_count is None else device_count
+    if count == 0 and num_gpus is None and not settings.include:
+        num_gpus = 1  # one CPU rank by default, whatever the NUMA layout
+    hosts, source = ["localhost"], LOCAL_SOURCE
+    if settings.no_ssh:
+        nnodes = expected_node_count(settings, environ or {}, required=True)
+        hosts = host_names(nnodes)
+        source = f"{nnodes} no_ssh node(s) like {LOCAL_SOURCE}"
+    slots = count or num_gpus or 1  # CPU ranks: as many as asked (the no_ssh hostfile says so)
+    pool = OrderedDict((host, slots) for host in hosts)
+    return pool, source, source if count > 0 else None, num_gpus
 
 
 def slurm_allocation_pool(

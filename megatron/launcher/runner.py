@@ -4,14 +4,15 @@
 
     [python, "-m", "deepspeed.launcher.runner", --hostfile H, --include I | --exclude E,
      --num_nodes N, --num_gpus G, --master_addr A, --master_port P, --launcher L,
-     --launcher_args "...", --force_multi, --no_ssh_check, --venv_script S,
-     --log_level LEVEL, --no_local_rank, SCRIPT, *USER_ARGS]
+     --launcher_args "...", --force_multi, --no_ssh_check, --no_ssh --node_rank R,
+     --venv_script S, --log_level LEVEL, --no_local_rank, SCRIPT, *USER_ARGS]
 
 with each optional flag present only when it applies. The runner is started as a module of
 the given Python, so no `deepspeed` console script is needed on PATH. `--no_local_rank` is
 always passed: every worker reads LOCAL_RANK from its environment, which works the same
 for local, pdsh, SLURM and MPI launches (only the local/pdsh launch.py would append
-`--local_rank=N`).
+`--local_rank=N`). With `no_ssh: true` the rendezvous and node rank are this node's
+(megatron.launcher.nossh), and the hostfile lists the nodes of the world.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def build_runner_argv(
         launcher: `cfg.launcher`, a `LauncherSettings`, or any object/mapping with the
             launcher keys (launcher, deepspeed_slurm, deepspeed_mpi, hostfile, include,
             exclude, num_nodes, num_gpus, master_port, master_addr, comment, account,
-            force_multi, no_ssh_check, launcher_args); missing ones take their defaults.
+            force_multi, no_ssh_check, no_ssh, launcher_args); missing ones take their
+            defaults.
         script: the worker script (e.g. "train.py"), started with `python -u` on each rank.
         user_args: passed to the script unchanged (an opaque list, e.g. the config bundle).
             Under pdsh they cross a remote shell and must be shell-safe (base64 is).
@@ -103,10 +105,11 @@ def runner_argv_for_plan(
         argv += ["--num_nodes", str(settings.num_nodes)]
     if plan.num_gpus is not None:
         argv += ["--num_gpus", str(plan.num_gpus)]
-    master_addr = backend.master_addr(plan)
+    master_addr = plan.node.master_addr if plan.node else backend.master_addr(plan)
     if master_addr:
         argv += ["--master_addr", master_addr]
-    argv += ["--master_port", str(settings.master_port), "--launcher", settings.launcher]
+    port = plan.node.master_port if plan.node else settings.master_port
+    argv += ["--master_port", str(port), "--launcher", settings.launcher]
     launcher_args = join_launcher_args(
         backend.launcher_words(plan, forward_env), settings.launcher_args
     )
@@ -116,6 +119,8 @@ def runner_argv_for_plan(
         argv.append("--force_multi")  # else one host silently becomes a local launch
     if settings.no_ssh_check or not backend.uses_ssh:
         argv.append("--no_ssh_check")
+    if plan.node is not None:
+        argv += ["--no_ssh", "--node_rank", str(plan.node.node_rank)]
     argv += backend.extra_flags(plan, env_script)
     if log_level:
         argv += ["--log_level", log_level]

@@ -88,11 +88,28 @@ class LauncherSettings(LauncherConfig):
                 f"deepspeed_slurm: true needs launcher: slurm (got launcher: {self.launcher!r}); "
                 "the workers read their rank from srun's SLURM_PROCID"
             )
+        if self.no_ssh:
+            self._check_no_ssh()
         if self.deepspeed_mpi and self.launcher not in MPI_LAUNCHERS:
             raise LauncherError(
                 f"deepspeed_mpi: true needs an MPI launcher ({', '.join(MPI_LAUNCHERS)}), "
                 f"got launcher: {self.launcher!r}"
             )
+
+    def _check_no_ssh(self) -> None:
+        """`no_ssh: true` runs DeepSpeed's local launch.py on each node: no backend applies."""
+        if self.launcher != "pdsh":
+            raise LauncherError(
+                f"no_ssh: true starts each node's ranks itself, so launcher: {self.launcher!r} "
+                "would not be used; leave launcher unset (pdsh), or set no_ssh: false"
+            )
+        for key in ("force_multi", "launcher_args"):
+            if getattr(self, key):
+                raise LauncherError(
+                    f"no_ssh: true starts each node's ranks itself, so {key}: "
+                    f"{getattr(self, key)!r} (for the pdsh/srun/mpirun backends) would be "
+                    f"ignored; remove {key}, or set no_ssh: false"
+                )
 
     @classmethod
     def from_config(cls, obj: object) -> LauncherSettings:
