@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import sys
-from types import SimpleNamespace
 
 from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle
 from megatron.config.bundle import BUNDLE_FLAG
@@ -84,12 +83,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def vocab_size_of(tokenizer_cfg, dry_run: bool) -> int | None:
-    """The tokenizer's vocabulary size, for the padded vocab; None if unknown in a dry run."""
-    from megatron.data.tokenizers import build_tokenizer
+    """The tokenizer's vocabulary size, for the padded vocab; None if unknown in a dry run
+    (whose pre-flight then reports the tokenizer as an error). The load is remembered, so the
+    pre-flight checks do not load the tokenizer again."""
+    from megatron.preflight.tokenizer import TokenizerLoadError, load_tokenizer
 
     try:
-        return build_tokenizer(SimpleNamespace(tokenizer=tokenizer_cfg)).vocab_size
-    except Exception as err:  # noqa: BLE001 - reported as a config problem below
+        return load_tokenizer(tokenizer_cfg).vocab_size
+    except TokenizerLoadError as err:
         if dry_run:
             log.warning("tokenizer not loaded (%s); padded_vocab_size left unset", err)
             return None

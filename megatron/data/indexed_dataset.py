@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,57 @@ def _warm_up(path: Path) -> None:
             pass
 
 
+@dataclass(frozen=True)
+class ValidPair:
+    """A `.bin/.idx` pair that passed `validate_pair`: its index arrays (mapped, not read)."""
+
+    dtype: np.dtype
+    index_map: np.memmap
+    sizes: np.ndarray  # int32[n_items]: tokens per item
+    pointers: np.ndarray  # int64[n_items]: byte offset of each item in the .bin
+    doc_idx: np.ndarray  # int64[n_docs + 1]: first item of each document, then n_items
+    bin_bytes: int
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_idx) - 1
+
+
+def validate_pair(prefix: str | Path) -> ValidPair:
+    """Check that `{prefix}.bin/.idx` is one whole pair, reading no tokens.
+
+    The header (magic, version, dtype code, and the .idx length its counts imply), the ends of
+    doc_idx (0 and the item count) and the .bin length (the last item's pointer plus its size
+    must end the file) are checked; only the first and last index entries are touched, so this
+    takes milliseconds whatever the corpus size. Raises IndexedDatasetError naming the file.
+    """
+    idx_file, bin_file = index_path(prefix), data_path(prefix)
+    header = read_header(idx_file)
+    buf = np.memmap(idx_file, mode="r", dtype=np.uint8)
+    sizes = np.frombuffer(buf, np.int32, header.n_items, header.sizes_offset)
+    pointers = np.frombuffer(buf, np.int64, header.n_items, header.pointers_offset)
+    doc_idx = np.frombuffer(buf, np.int64, header.n_docs, header.doc_idx_offset)
+    if doc_idx[0] != 0 or doc_idx[-1] != header.n_items:
+        raise IndexedDatasetError(
+            f"{idx_file}: corrupt doc_idx: it must start at 0 and end at the item count "
+            f"{header.n_items}, found {int(doc_idx[0])} .. {int(doc_idx[-1])}"
+        )
+    expected = 0
+    if header.n_items:
+        expected = int(pointers[-1]) + int(sizes[-1]) * header.dtype.itemsize
+    try:
+        actual = bin_file.stat().st_size
+    except FileNotFoundError:
+        raise IndexedDatasetError(f"{bin_file}: data file not found (its .idx exists)") from None
+    if actual != expected:
+        what = "truncated" if actual < expected else "longer than its index says"
+        raise IndexedDatasetError(
+            f"{bin_file}: {what}: {actual} bytes, but {idx_file.name} describes {expected} "
+            f"({header.n_items} items of {header.dtype.name}); the pair does not belong together"
+        )
+    return ValidPair(header.dtype, buf, sizes, pointers, doc_idx, actual)
+
+
 class MMapIndexedDataset:
     """Read-only view of `{prefix}.bin/.idx`: item `i` is a numpy array of its tokens.
 
@@ -37,40 +89,16 @@ class MMapIndexedDataset:
         self._open()
 
     def _open(self) -> None:
-        idx_file, bin_file = index_path(self.prefix), data_path(self.prefix)
-        header = read_header(idx_file)
-        self.dtype = header.dtype
+        pair = validate_pair(self.prefix)
         if self.warmup:
-            _warm_up(idx_file)
-        self._idx_mmap = np.memmap(idx_file, mode="r", dtype=np.uint8)
-        buf = self._idx_mmap
-        self.sizes = np.frombuffer(buf, np.int32, header.n_items, header.sizes_offset)
-        self.pointers = np.frombuffer(buf, np.int64, header.n_items, header.pointers_offset)
-        self.doc_idx = np.frombuffer(buf, np.int64, header.n_docs, header.doc_idx_offset)
-        if self.doc_idx[0] != 0 or self.doc_idx[-1] != header.n_items:
-            raise IndexedDatasetError(
-                f"{idx_file}: corrupt doc_idx: it must start at 0 and end at the item count "
-                f"{header.n_items}, found {int(self.doc_idx[0])} .. {int(self.doc_idx[-1])}"
-            )
-        expected = 0
-        if header.n_items:
-            expected = int(self.pointers[-1]) + int(self.sizes[-1]) * self.dtype.itemsize
-        try:
-            actual = bin_file.stat().st_size
-        except FileNotFoundError:
-            raise IndexedDatasetError(
-                f"{bin_file}: data file not found (its .idx exists)"
-            ) from None
-        if actual != expected:
-            what = "truncated" if actual < expected else "longer than its index says"
-            raise IndexedDatasetError(
-                f"{bin_file}: {what}: {actual} bytes, but {idx_file.name} describes {expected} "
-                f"({header.n_items} items of {self.dtype.name}); the pair does not belong together"
-            )
+            _warm_up(index_path(self.prefix))
+        self.dtype, self._idx_mmap = pair.dtype, pair.index_map
+        self.sizes, self.pointers, self.doc_idx = pair.sizes, pair.pointers, pair.doc_idx
+        bin_file = data_path(self.prefix)
         if self.warmup:
             _warm_up(bin_file)
         # np.memmap cannot map an empty file; an empty dataset has no tokens to map.
-        self._bin = np.memmap(bin_file, mode="r", dtype=self.dtype) if actual else None
+        self._bin = np.memmap(bin_file, mode="r", dtype=self.dtype) if pair.bin_bytes else None
 
     def __getstate__(self):
         return {"prefix": self.prefix, "warmup": False}

@@ -1,1 +1,3 @@
 """The modules whose checks `run_preflight` runs; importing one registers its checks."""
+
+from megatron.preflight import datasets, hosts, tokenizer  # noqa: F401
