@@ -40,9 +40,12 @@ class DataConfig:
     test_label_data_paths: list[str] | None = None
     """Per-token label datasets matching `test_data_paths`."""
 
-    data_impl: Literal["mmap", "cached", "infer"] = "infer"
+    data_impl: Literal["mmap", "cached", "infer", "dummy"] = "infer"
     """Indexed dataset format: `mmap` (the Megatron/GPT-NeoX `.bin/.idx` format) is read;
-    `infer` (GPT-NeoX's default) reads it too; the legacy `cached` format is refused."""
+    `infer` (GPT-NeoX's default) reads it too; the legacy `cached` format is refused. `dummy`
+    reads no files: synthetic tokens (uniform over the padded vocabulary, fixed by `seed`)
+    through the same sampler, loader and batch path, for benchmarking; no data path may be
+    set with it."""
 
     split: str = "969,30,1"
     """Train/valid/test proportions of `data_path`, e.g. `949,50,1`."""

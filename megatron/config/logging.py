@@ -1,8 +1,10 @@
-"""Logging and monitoring settings (`cfg.logging`)."""
+"""Logging, monitoring and profiling settings (`cfg.logging`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from megatron.config.schema import ConfigError
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,52 @@ class LoggingConfig:
 
     peak_theoretical_tflops: float | None = None
     """Peak TFLOP/s per device for MFU; default from a table of known GPUs."""
+
+    profile: bool = False
+    """Run the PyTorch profiler over iterations [`profile_step_start`, `profile_step_stop`) and
+    write each rank's trace (TensorBoard's profiler plugin or Perfetto open it) to
+    `{log_dir}/profile/rank{R}.iters{A}-{B}.pt.trace.json`."""
+
+    profile_step_start: int = 10
+    """First profiled iteration (iterations count from 1, as in the training log)."""
+
+    profile_step_stop: int = 12
+    """Iteration at which profiling stops (not profiled itself)."""
+
+    memory_profiling: bool = False
+    """Record memory over the profiled iterations into `memory_profiling_path`, per rank: on a
+    GPU a CUDA allocator snapshot (`rank{R}.iters{A}-{B}.pickle`, for pytorch.org/memory_viz);
+    on CPU a profiler trace with every allocation and free
+    (`rank{R}.iters{A}-{B}.memory.pt.trace.json`, TensorBoard's memory view or Perfetto)."""
+
+    memory_profiling_path: str | None = None
+    """Folder of the `memory_profiling` output (required with it)."""
+
+
+def validate_profiling(cfg, sources: dict[str, str]) -> None:
+    """The profiled window must be a non-empty range of iterations with a folder to write to."""
+    lg = cfg.logging
+    if not (lg.profile or lg.memory_profiling):
+        return
+    start, stop = lg.profile_step_start, lg.profile_step_stop
+    if start < 1 or stop <= start:
+        raise ConfigError(
+            f"profile_step_start {start} / profile_step_stop {stop}"
+            f"{_src(sources, 'profile_step_start')}{_src(sources, 'profile_step_stop')}: "
+            "profiling needs 1 <= profile_step_start < profile_step_stop (iterations count from "
+            "1; the stop iteration is not profiled)"
+        )
+    if lg.profile and not lg.log_dir:
+        raise ConfigError(
+            f"profile: true{_src(sources, 'profile')} writes its traces to {{log_dir}}/profile/, "
+            "but log_dir is not set; set log_dir"
+        )
+    if lg.memory_profiling and not lg.memory_profiling_path:
+        raise ConfigError(
+            f"memory_profiling: true{_src(sources, 'memory_profiling')} needs "
+            "memory_profiling_path (the folder for the memory snapshots); set it"
+        )
+
+
+def _src(sources: dict[str, str], key: str) -> str:
+    return f" ({key} in {sources[key]})" if key in sources else ""

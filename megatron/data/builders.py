@@ -19,6 +19,7 @@ from megatron.data.blendable_dataset import (
     normalize_weights,
     weights_by_num_docs,
 )
+from megatron.data.dummy_dataset import build_dummy_datasets
 from megatron.data.gpt_dataset import GPTDataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, indexed_dataset_exists
 
@@ -48,6 +49,7 @@ class DataSettings:
     use_shared_fs: bool = True
     mmap_warmup: bool = False
     data_impl: str = "mmap"
+    vocab_size: int | None = None  # token ids of `data_impl: dummy` lie below it
 
     @classmethod
     def from_config(cls, cfg, seed: int | None = None) -> DataSettings:
@@ -57,6 +59,7 @@ class DataSettings:
             for name in cls.__dataclass_fields__
             if name not in ("seq_length", "seed") and hasattr(data, name)
         }
+        fields["vocab_size"] = getattr(cfg.model, "padded_vocab_size", None)
         for name, value in fields.items():
             if isinstance(value, list):
                 fields[name] = tuple(value)
@@ -170,6 +173,10 @@ def _build_from_split(num_samples: list[int], settings: DataSettings):
 def build_datasets(settings: DataSettings, train_valid_test_num_samples):
     """(train, valid, test) datasets; a split with no data or no requested samples is None."""
     num_samples = [int(n) for n in train_valid_test_num_samples]
+    if settings.data_impl == "dummy":
+        return build_dummy_datasets(
+            num_samples, settings.seq_length, settings.vocab_size, settings.seed
+        )
     if settings.train_data_paths:
         return tuple(_build_explicit(n, k, settings) for n, k in zip(SPLIT_NAMES, num_samples))
     if not settings.data_path:
@@ -209,6 +216,10 @@ def train_samples_per_epoch(cfg) -> int:
     """Training samples in one pass over the training data (to turn `train_epochs` into
     `train_iters`): for blended data, the sum over the datasets."""
     s = DataSettings.from_config(cfg)
+    if s.data_impl == "dummy":
+        raise ValueError(
+            "train_epochs with data_impl: dummy: synthetic data has no epochs; set train_iters"
+        )
     if s.train_data_paths:
         sizes = [_open(p, "train_data_paths", s).num_tokens for p in s.train_data_paths]
     else:

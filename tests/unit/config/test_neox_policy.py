@@ -102,11 +102,6 @@ NEOX_DEFAULTS = {
     "log_gradient_noise_scale": False,
     "gradient_noise_scale_n_batches": 5,
     "gradient_noise_scale_cpu_offload": False,
-    "memory_profiling": False,
-    "memory_profiling_path": None,
-    "profile": False,
-    "profile_step_start": 10,
-    "profile_step_stop": 12,
     "use_comet": None,
     # GPT-NeoX 2025 (MoE group and REINFORCE, online data, weight serving)
     "moe_expert_interval": 1,
@@ -158,6 +153,11 @@ NEOX_DEFAULTS_OF_OUR_KEYS = {
     "make_vocab_size_divisible_by": 128,
     "data_impl": "infer",
     "pipe_partition_method": "type:transformer|mlp",
+    "profile": False,
+    "profile_step_start": 10,
+    "profile_step_stop": 12,
+    "memory_profiling": False,
+    "memory_profiling_path": None,
 }
 
 
@@ -241,9 +241,8 @@ def test_dependent_keys_without_their_feature_warn(write):
 
 def test_no_effect_keys_warn_once_and_only_off_default(write):
     warn: list[str] = []
-    _load(
-        write, "bias_dropout_fusion: true\nprofile: false\nlog_optimizer_states: true\n", warn=warn
-    )
+    text = "bias_dropout_fusion: true\nlog_grad_pct_zeros: false\nlog_optimizer_states: true\n"
+    _load(write, text, warn=warn)
     assert len(warn) == 2 and all("has no effect here" in w for w in warn)
 
 
