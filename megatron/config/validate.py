@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from megatron.config.checkpointing import parse_checkpoint_keep
 from megatron.config.config import Config
-from megatron.config.logging import validate_profiling
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
@@ -119,29 +119,8 @@ def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
         )
 
 
-def validate_dummy_data(cfg: Config, sources: dict[str, str]) -> None:
-    """`data_impl: dummy` reads no files: a data path or an epoch count would be ignored."""
-    d = cfg.data
-    splits, kinds = ("train", "valid", "test"), ("", "label_")
-    paths = ("data_path",) + tuple(f"{s}_{k}data_paths" for s in splits for k in kinds)
-    given = [key for key in paths if getattr(d, key)]
-    if given:
-        raise ConfigError(
-            f"data_impl: dummy{_src(sources, 'data_impl')} uses synthetic tokens and reads no "
-            f"files, but {', '.join(given)}{_src(sources, *given)} is set; remove it, or set "
-            "data_impl: mmap to train on it"
-        )
-    if cfg.training.train_epochs:
-        raise ConfigError(
-            f"train_epochs{_src(sources, 'train_epochs')} with data_impl: dummy: synthetic data "
-            "has no epochs; set train_iters instead"
-        )
-
-
 def validate_data(cfg: Config, sources: dict[str, str]) -> None:
     d = cfg.data
-    if d.data_impl == "dummy":
-        validate_dummy_data(cfg, sources)
     parts = d.split.replace("/", ",").split(",")
     try:
         numbers = [float(x) for x in parts]
@@ -183,6 +162,27 @@ def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
         raise ConfigError(f"checkpoint_factor{_src(sources, 'checkpoint_factor')} must be >= 1")
     if c.checkpoint_scale == "log" and (c.checkpoint_factor or 0) < 2:
         raise ConfigError("checkpoint_scale 'log' needs checkpoint_factor >= 2 (the log base)")
+    validate_checkpoint_policy(cfg, sources)
+
+
+def validate_checkpoint_policy(cfg: Config, sources: dict[str, str]) -> None:
+    """`checkpoint_keep` tiers and `checkpoint_save_interval_minutes` (see
+    `megatron/training/checkpoint_policy.py`): well formed, and only with `save`."""
+    c = cfg.checkpointing
+    parse_checkpoint_keep(c.checkpoint_keep, _src(sources, "checkpoint_keep"))
+    minutes = c.checkpoint_save_interval_minutes
+    if minutes is not None and not minutes > 0:
+        raise ConfigError(
+            f"checkpoint_save_interval_minutes {minutes}"
+            f"{_src(sources, 'checkpoint_save_interval_minutes')} must be > 0 (or null for no "
+            "time-based checkpoints)"
+        )
+    given = [k for k in ("checkpoint_keep", "checkpoint_save_interval_minutes") if getattr(c, k)]
+    if given and not c.save:
+        raise ConfigError(
+            f"{' and '.join(given)}{_src(sources, *given)} would save checkpoints, but `save` is "
+            "not set; set save to a folder, or remove them"
+        )
 
 
 def validate(cfg: Config, sources: dict[str, str]) -> None:
@@ -192,4 +192,3 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_data(cfg, sources)
     validate_schedule(cfg, sources)
     validate_torch_compile(cfg, sources)
-    validate_profiling(cfg, sources)

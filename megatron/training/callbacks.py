@@ -1,7 +1,6 @@
 """What hangs off the training loop: logging, evaluation, checkpointing, each a callback.
 
-`TrainLoop` calls `on_start(loop)` on each callback before the first iteration of the run,
-`after_step(loop)` after every iteration, in order, and
+`TrainLoop` calls `after_step(loop)` on each callback after every iteration, in order, and
 `on_end(loop, stopped)` once when training ends (normally or on a stop request), or
 `on_abort(loop, error)` when an error ends it (e.g. too many skipped steps in a row).
 """
@@ -11,8 +10,10 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.distributed as dist
 
-from megatron.training.checkpointing import CheckpointIO, SaveSchedule
+from megatron.training.checkpoint_policy import CheckpointPolicy, retire_temporaries
+from megatron.training.checkpointing import CheckpointIO, tag_for
 from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
 from megatron.training.norms import parameter_norms
 
@@ -20,9 +21,6 @@ log = logging.getLogger(__name__)
 
 
 class Callback:
-    def on_start(self, loop) -> None:
-        """Once, before the first iteration (`loop.state.iteration` steps are already done)."""
-
     def after_step(self, loop) -> None:
         """After every iteration (`loop.state.iteration` is the one just finished)."""
 
@@ -123,21 +121,22 @@ class SkippedStepsCallback(Callback):
 
 
 class CheckpointCallback(Callback):
-    """Saves on the schedule and when the run stops early (exit_interval, signal); never a
-    state that holds inf/NaN (`is_finite`, collective, asked before each save), so `latest`
-    stays on the last finite checkpoint."""
+    """Saves what the policy asks after each iteration (`checkpoint_policy.py`: permanent tier,
+    step schedule, temporary) and when the run stops early (exit_interval, signal); then
+    retires the previous temporary checkpoint. Never a state that holds inf/NaN (`is_finite`,
+    collective, asked before each save), so `latest` stays on the last finite checkpoint."""
 
-    def __init__(self, io: CheckpointIO, schedule: SaveSchedule, enabled: bool, is_finite=None):
+    def __init__(self, io: CheckpointIO, policy: CheckpointPolicy, enabled: bool, is_finite=None):
         self.io = io
-        self.schedule = schedule
+        self.policy = policy
         self.enabled = enabled
         self.is_finite = is_finite
         self.last_saved = None
 
-    def save(self, loop) -> None:
+    def save(self, loop, kind: str) -> None:
         if not self.enabled or self.last_saved == loop.state.iteration:
             return
-        tag = f"global_step{loop.state.iteration}"
+        tag = tag_for(loop.state.iteration, kind)
         if self.is_finite is not None and not self.is_finite():
             message = (
                 f"not saving checkpoint {tag}: the weights or optimizer state hold inf/NaN; "
@@ -146,14 +145,27 @@ class CheckpointCallback(Callback):
             log.warning(message)
             loop.loggers.log_text(message)
             return
-        self.io.save(loop.state.iteration, loop.trainer_state())
+        self.io.save(loop.state.iteration, loop.trainer_state(), kind)
         self.last_saved = loop.state.iteration
-        loop.loggers.log_text(f"saved checkpoint {tag}")
+        self.policy.saved()
+        if _global_rank() == 0:  # after the save's last barrier: `latest` names `tag`
+            retire_temporaries(self.io.save_dir, tag)
+        loop.loggers.log_text(
+            f"saved checkpoint {tag}" + (" (permanent)" if kind == "permanent" else "")
+        )
 
     def after_step(self, loop):
-        if self.schedule.should_save(loop.state.iteration):
-            self.save(loop)
+        if not self.enabled:
+            return
+        kind = self.policy.decide(loop.state.iteration, getattr(loop.engine, "device", None))
+        if kind is not None:
+            self.save(loop, kind)
 
     def on_end(self, loop, stopped):
         if stopped:
-            self.save(loop)
+            iteration = loop.state.iteration
+            self.save(loop, "permanent" if self.policy.is_permanent(iteration) else "step")
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0

@@ -7,7 +7,11 @@ Layout of `{save}/global_step{N}/`:
     rng_state_rank{R}.pt      Python, NumPy, torch (CPU and CUDA) and tensor-parallel RNG of
                               every global rank R
     config.json               the resolved config of the run
+    permanent                 only in a `checkpoint_keep` tier checkpoint: never deleted
     complete                  written last, once every rank's files are on disk
+
+A temporary (time-based) checkpoint has the same files in `{save}/global_step{N}_temporary/`;
+which kind is saved when, and when a temporary one goes, is `checkpoint_policy.py`'s rule.
 
 `{save}/latest` holds the tag (`global_step{N}`) of the newest complete checkpoint. It is
 written last, by rank 0, after a barrier that every rank reaches only when its own files are
@@ -16,8 +20,10 @@ written, through a temporary file and `os.replace` (atomic on POSIX): a crash mi
 
 A folder without `complete` (a crash mid-save) is partial: `keep_last_n_checkpoints` neither
 counts nor deletes it, and a save into an existing folder first removes its old marker, so a
-half-overwritten folder never looks whole. Pruning never deletes the folder `latest` names, and
-a folder it cannot delete is reported, not silently kept. Every file is loaded weights-only
+half-overwritten folder never looks whole. Pruning never deletes the folder `latest` names nor a
+permanent one, and a folder it cannot delete is reported, not silently kept. `load` resumes what
+`latest` names; when that folder is missing or partial, the newest complete checkpoint of either
+kind, with a warning. Every file is loaded weights-only
 (`safe_load.py`): a checkpoint cannot run code.
 """
 
@@ -47,11 +53,17 @@ LATEST = "latest"
 TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.json"
 COMPLETE = "complete"
+PERMANENT = "permanent"
+SAVE_KINDS = ("step", "permanent", "temporary")
 _TAG = re.compile(r"^global_step(\d+)$")
+_TEMPORARY_TAG = re.compile(r"^global_step(\d+)_temporary$")
 
 
-def tag_for(iteration: int) -> str:
-    return f"global_step{iteration}"
+def tag_for(iteration: int, kind: str = "step") -> str:
+    """The folder name of a checkpoint of `kind` (one of SAVE_KINDS) at `iteration`."""
+    if kind not in SAVE_KINDS:
+        raise ValueError(f"checkpoint kind '{kind}' is not valid; expected one of {SAVE_KINDS}")
+    return f"global_step{iteration}_temporary" if kind == "temporary" else f"global_step{iteration}"
 
 
 class SaveSchedule:
@@ -132,21 +144,61 @@ def list_checkpoints(save_dir: str | Path, complete_only: bool = False) -> list[
     return sorted(found)
 
 
+def temporary_checkpoints(save_dir: str | Path) -> list[tuple[int, Path]]:
+    """(iteration, folder) of every temporary checkpoint folder, complete or not, oldest first."""
+    root = Path(save_dir)
+    found = [(_TEMPORARY_TAG.match(p.name), p) for p in root.iterdir()] if root.is_dir() else []
+    return sorted((int(m.group(1)), p) for m, p in found if m and p.is_dir())
+
+
+def newest_complete(save_dir: str | Path) -> str | None:
+    """The tag of the newest (highest iteration) complete checkpoint of either kind; at the
+    same iteration a `global_step{N}` folder wins over a temporary one."""
+    found = [(it, 1, p) for it, p in list_checkpoints(save_dir) if (p / COMPLETE).is_file()]
+    found += [(it, 0, p) for it, p in temporary_checkpoints(save_dir) if (p / COMPLETE).is_file()]
+    return max(found)[2].name if found else None
+
+
+def resume_tag(load_dir: str | Path) -> str | None:
+    """The checkpoint `load` resumes: the one `latest` names (None without `latest`). When that
+    folder is missing or partial, the newest complete one of either kind, with a warning; a
+    folder without marker is trusted when no folder has one (written before markers or by
+    GPT-NeoX)."""
+    tag = _latest_tag(load_dir)
+    if tag is None or (Path(load_dir) / tag / COMPLETE).is_file():
+        return tag
+    fallback = newest_complete(load_dir)
+    if fallback is None:
+        return read_latest(load_dir)  # refuses a missing folder, naming it
+    state = "partial" if (Path(load_dir) / tag).is_dir() else "missing"
+    log.warning(
+        "%s names checkpoint '%s', which is %s; resuming from the newest complete checkpoint, "
+        "'%s', instead",
+        Path(load_dir) / LATEST,
+        tag,
+        state,
+        fallback,
+    )
+    return fallback
+
+
 def _latest_tag(save_dir: str | Path) -> str | None:
     path = Path(save_dir) / LATEST
     return path.read_text().strip() if path.is_file() else None
 
 
 def prune_checkpoints(save_dir: str | Path, keep: int | None) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints, never the one `latest` names;
-    partial folders are left alone. Returns the folders deleted; one that cannot be deleted
-    is reported with a warning naming it and the error."""
+    """Delete all but the newest `keep` complete `global_step{N}` checkpoints, never the one
+    `latest` names; partial, permanent and temporary folders are neither counted nor deleted.
+    Returns the folders deleted; one that cannot be deleted is reported with a warning naming
+    it and the error."""
     if keep is None:
         return []
     if keep < 1:
         raise ValueError(f"keep_last_n_checkpoints must be >= 1 (or null), got {keep}")
     protected = _latest_tag(save_dir)
-    folders = [path for _, path in list_checkpoints(save_dir, complete_only=True)]
+    found = list_checkpoints(save_dir, complete_only=True)
+    folders = [path for _, path in found if not (path / PERMANENT).is_file()]
     deleted = []
     for path in (p for p in folders[:-keep] if p.name != protected):
         try:
@@ -235,14 +287,16 @@ class CheckpointIO:
             engine.save_zero_checkpoint = saved_flag
             del optimizer.state_dict
 
-    def save(self, iteration: int, trainer_state: dict[str, Any]) -> Path:
-        """Collective: every rank must call it with the same iteration."""
+    def save(self, iteration: int, trainer_state: dict[str, Any], kind: str = "step") -> Path:
+        """Collective: every rank must call it with the same iteration and `kind` (SAVE_KINDS;
+        `permanent` marks the folder so that no pruning deletes it)."""
         if not self.save_dir:
             raise ValueError("no checkpoint folder: set `save` to save checkpoints")
-        tag, rank = tag_for(iteration), _rank()
+        tag, rank = tag_for(iteration, kind), _rank()
         folder = Path(self.save_dir) / tag
         if rank == 0:
-            (folder / COMPLETE).unlink(missing_ok=True)  # an old save's marker
+            (folder / COMPLETE).unlink(missing_ok=True)  # an old save's markers
+            (folder / PERMANENT).unlink(missing_ok=True)
         _barrier()
         self._engine_save(tag)
         if self.save_rng:
@@ -252,6 +306,8 @@ class CheckpointIO:
             torch.save({**trainer_state, **extra}, folder / TRAINER_STATE)
             if self.config_dict is not None:
                 (folder / CONFIG_FILE).write_text(json.dumps(self.config_dict, indent=1))
+            if kind == "permanent":
+                (folder / PERMANENT).write_text(tag)
         _barrier()  # every rank's files are on disk
         if rank == 0:
             mark_complete(folder, tag)
@@ -277,7 +333,7 @@ class CheckpointIO:
         """
         if not load_dir:
             return None
-        tag = read_latest(load_dir)
+        tag = resume_tag(load_dir)
         if tag is None:
             log.info("no checkpoint under %s (no '%s' file): starting afresh", load_dir, LATEST)
             return None

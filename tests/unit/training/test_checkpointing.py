@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from megatron.training.callbacks import CheckpointCallback
+from megatron.training.checkpoint_policy import CheckpointPolicy
 from megatron.training.checkpointing import (
     COMPLETE,
     CheckpointIO,
@@ -165,6 +166,7 @@ def test_a_crash_while_saving_over_an_old_folder_leaves_it_partial(tmp_path):
 class _Loop:
     def __init__(self, iteration, messages):
         self.state = type("State", (), {"iteration": iteration})()
+        self.engine = None  # one process: no device for collectives
         self.loggers = type("Loggers", (), {"log_text": messages.append})()
 
     def trainer_state(self):
@@ -174,7 +176,8 @@ class _Loop:
 def test_a_state_holding_inf_or_nan_is_never_saved(tmp_path):
     finite = {"now": True}
     io = CheckpointIO(FakeEngine(), str(tmp_path), keep_last_n=1)
-    callback = CheckpointCallback(io, SaveSchedule(1), True, is_finite=lambda: finite["now"])
+    policy = CheckpointPolicy(SaveSchedule(1))
+    callback = CheckpointCallback(io, policy, True, is_finite=lambda: finite["now"])
     messages = []
     callback.after_step(_Loop(1, messages))
     finite["now"] = False
