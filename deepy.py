@@ -8,8 +8,11 @@
 The config files are merged, validated and resolved here, before anything starts: a bad config,
 an optional package the config needs but this Python lacks (with the pip command that installs
 it) or a `master_port` already in use exits with status 2, a message naming the file and key,
-and launches nothing. Without `master_port`, a one-machine run takes a free port, so two runs
-on one machine do not collide.
+and launches nothing. A user error that only a worker can see (a corrupt data or checkpoint
+file, a combination refused on the worker) also exits with status 2, its message printed once
+with the ranks it stopped; the tracebacks go to a file (printed with `--verbose`), while a bug
+keeps its traceback on the console (megatron/launcher/failures.py). Without `master_port`, a
+one-machine run takes a free port, so two runs on one machine do not collide.
 
 The resolved config travels to every worker as one shell-safe bundle argument; the DeepSpeed
 runner starts the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
@@ -148,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.launcher import prepare_launch, run_launch
 
     user_args = [BUNDLE_FLAG, encode_bundle(cfg)]
-    with prepare_launch(cfg.launcher, args.script, user_args, verbose=args.verbose) as plan:
+    with prepare_launch(
+        cfg.launcher, args.script, user_args, verbose=args.verbose, collect_errors=True
+    ) as plan:
         if args.dry_run:
             resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
             print(json.dumps(resolved, indent=2, sort_keys=True))

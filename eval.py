@@ -8,6 +8,7 @@ tensor/pipeline layout); results go to `{eval_results_prefix}_eval_results.json`
 
 from megatron.config import config_from_argv
 from megatron.config.verbosity import setup_worker_logging
+from megatron.errors import run_worker
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,4 +20,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(main)

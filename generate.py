@@ -10,6 +10,7 @@ come from `load` (any tensor/pipeline layout).
 
 from megatron.config import config_from_argv
 from megatron.config.verbosity import setup_worker_logging
+from megatron.errors import run_worker
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,4 +22,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(main)

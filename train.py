@@ -2,6 +2,7 @@
 
 from megatron.config import config_from_argv
 from megatron.config.verbosity import setup_worker_logging
+from megatron.errors import run_worker
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,4 +14,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_worker(main)

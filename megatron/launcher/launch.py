@@ -4,9 +4,16 @@
         print(plan.display())               # the runner command, secrets redacted
         returncode = run_launch(plan)       # blocks until every worker has exited
 
-Quiet by default: the runner logs at WARNING (its INFO lines carry the worker commands and
-their config bundle); `verbose=True` passes its INFO lines and `--verbose` to the workers (see
-megatron/config/verbosity.py).
+Quiet by default: the runner logs only CRITICAL lines (its INFO lines carry the worker
+commands and their config bundle, and its one ERROR line, when a worker fails, that worker's
+whole command: `run_launch` says what failed instead); `verbose=True` passes its INFO lines
+and `--verbose` to the workers (see megatron/config/verbosity.py).
+
+With `collect_errors=True` (deepy.py) the launch gets a fresh folder where a failing worker
+records its error (megatron/launcher/failures.py); `run_launch` prints each user error once,
+with the ranks and where the tracebacks are, and the folder is removed when it stays empty.
+A multi-node launch with `preflight_shared_fs: false` gets none: its workers print their
+errors themselves.
 
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
 runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
@@ -35,6 +42,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from megatron.config.verbosity import VERBOSE_FLAG
+from megatron.launcher.failures import (
+    ERRORS_DIR_FLAG,
+    exit_status,
+    failure_report,
+    read_failures,
+)
 from megatron.launcher.plan import LaunchResources, local_device_count, plan_resources
 from megatron.launcher.runner import runner_argv_for_plan
 from megatron.launcher.secrets import (
@@ -66,6 +79,10 @@ class LaunchPlan:
     """Variables treated as secrets besides the `is_secret_name` matches."""
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
     """The secret variables of the original environment, to redact from `display()`."""
+    errors_dir: str | None = None
+    """Where failing workers record their errors (`collect_errors`); None: they print them."""
+    verbose: bool = False
+    """Whether the workers got `--verbose` (the report then shows the tracebacks)."""
 
     @property
     def world_size(self) -> int:
@@ -98,6 +115,7 @@ def prepare_launch(
     extra_secret_names: Iterable[str] = (),
     device_count: int | None = None,
     verbose: bool = False,
+    collect_errors: bool = False,
 ) -> Iterator[LaunchPlan]:
     """Resolve, validate and stage a launch; clean up its files on exit.
 
@@ -114,6 +132,8 @@ def prepare_launch(
         device_count: GPUs on this machine (None: ask torch).
         verbose: show DeepSpeed's INFO lines (runner, launch.py, workers); default: warnings
             and errors only.
+        collect_errors: give the workers a folder (under `launch_dir`) to record their
+            errors in, for `run_launch` to report (see megatron/launcher/failures.py).
 
     Raises:
         LauncherError: a bad setting, hostfile or argument, before anything starts.
@@ -124,6 +144,7 @@ def prepare_launch(
     directory = launch_dir or os.path.join(os.getcwd(), DEFAULT_LAUNCH_DIR)
     env = dict(environ)
     staged: list[str] = []  # files to delete when the launch ends, or fails to start
+    errors_dir: str | None = None
     try:
         if resources.hostfile_text is not None:
             path = _write_private(directory, "hostfile-", resources.hostfile_text)
@@ -143,21 +164,44 @@ def prepare_launch(
         this_machine = resources.hostfile is None or resources.node is not None
         if not resources.multi_node and this_machine and _no_gpu(device_count):
             env.setdefault("DS_ACCELERATOR", "cpu")
+        if collect_errors and _sees_worker_files(launcher, resources):
+            errors_dir = _make_private_dir(directory, "errors-")
+        worker_args = [*user_args, *([ERRORS_DIR_FLAG, errors_dir] if errors_dir else [])]
         argv = runner_argv_for_plan(
             resources,
             script,
-            [*user_args, *([VERBOSE_FLAG] if verbose else [])],
+            [*worker_args, *([VERBOSE_FLAG] if verbose else [])],
             python=python,
             forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
             env_script=secrets_file,
-            log_level="info" if verbose else "warning",  # INFO: the worker commands
+            log_level="info" if verbose else "critical",  # INFO: the worker commands
         )
         secret_values = {name: environ[name] for name in secret_names(environ, extra)}
-        yield LaunchPlan(argv, env, resources, secrets_file, forwarded, extra, secret_values)
+        yield LaunchPlan(
+            argv, env, resources, secrets_file, forwarded, extra, secret_values,
+            errors_dir=errors_dir, verbose=verbose,
+        )  # fmt: skip
     finally:
         for path in staged:
             if os.path.exists(path):
                 os.remove(path)
+        if errors_dir and not os.listdir(errors_dir):
+            os.rmdir(errors_dir)
+
+
+def _sees_worker_files(launcher: object, resources: LaunchResources) -> bool:
+    """Whether this machine reads what the workers write (always, for a local launch)."""
+    if isinstance(launcher, Mapping):
+        shared = launcher.get("preflight_shared_fs", True)
+    else:
+        shared = getattr(launcher, "preflight_shared_fs", True)
+    return not resources.multi_node or shared is not False
+
+
+def _make_private_dir(directory: str, prefix: str) -> str:
+    """A new folder only this user can read; return its absolute path."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.abspath(tempfile.mkdtemp(prefix=prefix, dir=directory))
 
 
 def _write_private(directory: str, prefix: str, text: str) -> str:
@@ -170,8 +214,21 @@ def _write_private(directory: str, prefix: str, text: str) -> str:
 
 
 def run_launch(plan: LaunchPlan) -> int:
-    """Run the runner in the foreground; return its exit status (0: every worker succeeded)."""
-    return subprocess.call(plan.argv, env=plan.env)
+    """Run the runner in the foreground; report a failure; return the exit status.
+
+    0: every worker succeeded; `USER_ERROR_EXIT` (2): workers stopped on a user error, whose
+    message is printed once; else the runner's status.
+    """
+    status = subprocess.call(plan.argv, env=plan.env)
+    if status == 0:
+        return 0
+    failures = read_failures(plan.errors_dir) if plan.errors_dir else []
+    lines = failure_report(failures, plan.errors_dir or "", plan.verbose)
+    if not lines:
+        lines = [f"the run failed (runner exit status {status}; see the output above)"]
+    for line in lines:
+        print(f"deepy.py: {line}", file=sys.stderr, flush=True)
+    return exit_status(failures, status)
 
 
 def _no_gpu(device_count: int | None) -> bool:

@@ -60,7 +60,7 @@ def test_num_nodes_trims_the_allocation_and_is_checked():
         planned_world_size({**SLURM, "num_nodes": 5}, environ=ALLOCATION)
 
 
-@pytest.mark.parametrize("verbose, level", [(False, "warning"), (True, "info")])
+@pytest.mark.parametrize("verbose, level", [(False, "critical"), (True, "info")])
 def test_verbosity_reaches_the_runner_and_the_workers(tmp_path, verbose, level):
     with prepare_launch(
         {"num_gpus": 2},
@@ -72,7 +72,8 @@ def test_verbosity_reaches_the_runner_and_the_workers(tmp_path, verbose, level):
         verbose=verbose,
     ) as plan:
         argv = plan.argv
-    # The runner's INFO lines carry the worker commands (and bundle): shown only if verbose.
+    # The runner's INFO lines carry the worker commands (and bundle), its ERROR line a failed
+    # worker's command: shown only if verbose (deepy.py reports a failure itself).
     assert argv[argv.index("--log_level") + 1] == level
     tail = argv[argv.index("train.py") :]
     assert tail == ["train.py", "--megatron_config", "abc", *(["--verbose"] if verbose else [])]

@@ -1,0 +1,130 @@
+"""What a user error is, and how a worker entry point stops on one.
+
+A user error is a mistake in what the person gave us (a config value, a data file, a
+checkpoint, a tokenizer, a combination the code refuses), as opposed to a bug in our code.
+By the house rule such mistakes raise a `ValueError` subclass with a message that names the
+file, key or value; `is_user_error` is the one definition:
+
+* an instance of `user_error_classes()` (the error classes of the rooms, and
+  `TooManySkippedSteps`: a diverged run, not a bug), or
+* a `ValueError` or `OSError` raised by a `raise` statement of the `megatron` package (a
+  `raise ValueError(...)` naming a refused combination, a `raise FileNotFoundError(...)`
+  naming a missing data file). The same class raised by Python itself inside our code (an
+  unpacking of the wrong length) or by a library is a bug, and keeps its traceback.
+
+`run_worker(main)` wraps the `main` of `train.py`, `generate.py` and `eval.py` (see
+megatron/launcher/failures.py for where the record goes and what `deepy.py` prints).
+This module is outside the rooms: it imports their error classes, nothing imports it but
+the entry points.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from megatron.config.verbosity import VERBOSE_FLAG
+from megatron.launcher.failures import (
+    BUG,
+    COLLATERAL,
+    USER,
+    USER_ERROR_EXIT,
+    Failure,
+    any_failure_recorded,
+    errors_dir_from_argv,
+    write_failure,
+)
+
+PACKAGE = Path(__file__).resolve().parent
+RAISE = dis.opmap["RAISE_VARARGS"]
+
+
+@functools.cache
+def user_error_classes() -> tuple[type[BaseException], ...]:
+    """The rooms' user-error classes (imported when first needed: some import torch)."""
+    from megatron.checkpoint_tools.layout import CheckpointError
+    from megatron.config.schema import ConfigError
+    from megatron.data.indexed_format import IndexedDatasetError
+    from megatron.data.preprocess.encoder import PreprocessError
+    from megatron.data.tokenizers.base import TokenizerError
+    from megatron.launcher.errors import LauncherError
+    from megatron.training.loss_scaling import TooManySkippedSteps
+    from megatron.training.safe_load import UnsafeCheckpointError
+
+    return (
+        ConfigError,
+        LauncherError,
+        CheckpointError,
+        UnsafeCheckpointError,
+        IndexedDatasetError,
+        TokenizerError,
+        PreprocessError,
+        TooManySkippedSteps,
+    )
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is a mistake in the user's input rather than a bug (module docstring)."""
+    if isinstance(error, user_error_classes()):
+        return True
+    return isinstance(error, ValueError | OSError) and _raised_by_our_raise(error)
+
+
+def _raised_by_our_raise(error: BaseException) -> bool:
+    """True when the innermost frame is in the `megatron` package, stopped at a `raise`."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    if not Path(code.co_filename).resolve().is_relative_to(PACKAGE):
+        return False
+    return 0 <= tb.tb_lasti < len(code.co_code) and code.co_code[tb.tb_lasti] == RAISE
+
+
+def current_rank() -> int | None:
+    """This worker's global rank: the process group's, else the launcher's RANK, else None."""
+    torch_dist = sys.modules.get("torch.distributed")
+    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        return torch_dist.get_rank()
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() else None
+
+
+def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] | None = None):
+    """Run a worker's `main(argv)`; stop on an exception as megatron/launcher/failures.py says.
+
+    A user error exits with `USER_ERROR_EXIT`; any other exception with status 1.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return main(argv)
+    except Exception as error:  # noqa: BLE001 - every failure is recorded and reported
+        code = USER_ERROR_EXIT if is_user_error(error) else 1
+        _stop(error, argv, code)
+        sys.exit(code)
+
+
+def _stop(error: Exception, argv: list[str], code: int) -> None:
+    """Record `error` for deepy.py, or print it, according to its kind."""
+    rank, folder = current_rank(), errors_dir_from_argv(argv)
+    text = "".join(traceback.format_exception(error))
+    user = code == USER_ERROR_EXIT
+    if folder is None or not os.path.isdir(folder):
+        if user:  # nobody collects records: say it here, once per rank
+            if VERBOSE_FLAG in argv:
+                print(text, end="", file=sys.stderr)
+            print(f"rank {'?' if rank is None else rank}: {error}", file=sys.stderr, flush=True)
+        else:
+            print(text, end="", file=sys.stderr, flush=True)
+        return
+    kind = USER if user else (COLLATERAL if any_failure_recorded(folder) else BUG)
+    write_failure(folder, Failure(rank, kind, type(error).__name__, str(error), ""), text)
+    if kind == BUG:
+        print(text, end="", file=sys.stderr, flush=True)
