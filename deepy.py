@@ -161,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             print("pre-flight:\n" + "\n".join(f"  {f.line()}" for f in findings))
             return 0
         log.info(
-            "launching %s on %d rank(s), master port %d%s",
+            "launching %s on %s, master port %d%s",
             os.path.basename(args.script),
-            plan.world_size,
+            plan.describe(),
             cfg.launcher.master_port,
             "" if args.verbose else " (--verbose shows DeepSpeed's launch lines)",
         )
