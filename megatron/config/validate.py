@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from megatron.config.checkpointing import parse_checkpoint_keep
 from megatron.config.config import Config
+from megatron.config.logging import validate_profiling
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
@@ -119,8 +120,29 @@ def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
         )
 
 
+def validate_dummy_data(cfg: Config, sources: dict[str, str]) -> None:
+    """`data_impl: dummy` reads no files: a data path or an epoch count would be ignored."""
+    d = cfg.data
+    splits, kinds = ("train", "valid", "test"), ("", "label_")
+    paths = ("data_path",) + tuple(f"{s}_{k}data_paths" for s in splits for k in kinds)
+    given = [key for key in paths if getattr(d, key)]
+    if given:
+        raise ConfigError(
+            f"data_impl: dummy{_src(sources, 'data_impl')} uses synthetic tokens and reads no "
+            f"files, but {', '.join(given)}{_src(sources, *given)} is set; remove it, or set "
+            "data_impl: mmap to train on it"
+        )
+    if cfg.training.train_epochs:
+        raise ConfigError(
+            f"train_epochs{_src(sources, 'train_epochs')} with data_impl: dummy: synthetic data "
+            "has no epochs; set train_iters instead"
+        )
+
+
 def validate_data(cfg: Config, sources: dict[str, str]) -> None:
     d = cfg.data
+    if d.data_impl == "dummy":
+        validate_dummy_data(cfg, sources)
     parts = d.split.replace("/", ",").split(",")
     try:
         numbers = [float(x) for x in parts]
@@ -192,3 +214,4 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_data(cfg, sources)
     validate_schedule(cfg, sources)
     validate_torch_compile(cfg, sources)
+    validate_profiling(cfg, sources)

@@ -1,6 +1,7 @@
 """What hangs off the training loop: logging, evaluation, checkpointing, each a callback.
 
-`TrainLoop` calls `after_step(loop)` on each callback after every iteration, in order, and
+`TrainLoop` calls `on_start(loop)` on each callback before the first iteration of the run,
+`after_step(loop)` after every iteration, in order, and
 `on_end(loop, stopped)` once when training ends (normally or on a stop request), or
 `on_abort(loop, error)` when an error ends it (e.g. too many skipped steps in a row).
 """
@@ -21,6 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Callback:
+    def on_start(self, loop) -> None:
+        """Once, before the first iteration (`loop.state.iteration` steps are already done)."""
+
     def after_step(self, loop) -> None:
         """After every iteration (`loop.state.iteration` is the one just finished)."""
 

@@ -39,6 +39,7 @@ from megatron.training.loss_scaling import SkippedStepGuard
 from megatron.training.monitor import TrainMonitor
 from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
+from megatron.training.profiling import ProfilerCallback, ProfileSettings
 from megatron.training.report import final_summary, startup_report
 from megatron.training.signals import StopRequest
 from megatron.training.steps import engine_steps
@@ -108,6 +109,8 @@ class TrainLoop:
         """Train; True when stopped early (exit_interval or a signal)."""
         stopped = False
         try:
+            for callback in self.callbacks:
+                callback.on_start(self)
             while self.state.iteration < self.train_iters and not stopped:
                 self.last_loss = self.steps.train_step(self.batches)
                 self.last_applied = self.steps.step_applied
@@ -159,7 +162,12 @@ def _callbacks(cfg, *, monitor, loggers, evaluator, io, parts, guard, rank, trai
             bool(cfg.checkpointing.save),
             is_finite=lambda: state_is_finite(parts.engine, parts.optimizer),
         ),
-    ]
+    ] + _profiler(cfg, rank)
+
+
+def _profiler(cfg, rank) -> list:
+    settings = ProfileSettings.from_config(cfg)
+    return [ProfilerCallback(settings, rank)] if settings is not None else []
 
 
 def _report(cfg, topology, loggers, flops, train_iters, state, datasets) -> None:
