@@ -5,6 +5,7 @@ from __future__ import annotations
 from megatron.config.checkpointing import parse_checkpoint_keep
 from megatron.config.config import Config
 from megatron.config.logging import validate_profiling
+from megatron.config.lr import check_cycle_keys
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
@@ -179,6 +180,12 @@ def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
             f"min_lr {lr.min_lr} is above the learning rate {cfg.optimizer.lr}"
             f"{_src(sources, 'min_lr', 'optimizer')}"
         )
+    if lr.lr_decay_style == "inv" and lr.min_lr <= 0:
+        raise ConfigError(
+            f"lr_decay_style 'inv' decays towards min_lr, so min_lr{_src(sources, 'min_lr')} "
+            f"must be > 0 (it is {lr.min_lr}); Levanter's default is 0.1 × the learning rate"
+        )
+    check_cycle_keys(lr)  # with train_epochs the cycles themselves are checked at run time
     c = cfg.checkpointing
     if c.checkpoint_factor is not None and c.checkpoint_factor < 1:
         raise ConfigError(f"checkpoint_factor{_src(sources, 'checkpoint_factor')} must be >= 1")

@@ -20,143 +20,34 @@ sit at `min_lr`) and cosine climbs back towards the peak (its second half-period
 `lr_decay_iters` >= train_iters to avoid that. When the warm-up covers the decay (D <= w,
 possible with `warmup` given in iterations) the decay counts as finished.
 
-Our own styles are classes in the same registry: `inverse_sqrt` (Megatron-LM) and `wsd`
+Our own styles are classes in the same registry: `inverse_sqrt` (Megatron-LM), `wsd`
 (warm-up, stable, decay), which holds the peak and decays over the last
-`wsd_decay_fraction` × D iterations from the peak to `min_lr` with one of `WSD_TAILS`.
+`wsd_decay_fraction` × D iterations from the peak to `min_lr` with one of `WSD_TAILS`, and
+Levanter's `inv`. With `lr_cycles` / `lr_cycle_length` the schedule is Levanter's cycles
+(`lr_cycles.py`), each decaying with these shapes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from megatron.config.lr import decay_and_warmup_iters
-
-LN2_NEOX = 0.693  # GPT-NeoX's exponential decay halves the LR over the decay: exp(-0.693 p)
-
-
-def _since_warmup(s: ScheduleSettings) -> tuple[float, float]:
-    """(n - w, D - w): GPT-NeoX's iterations into the decay and decay length; (1, 1), a
-    finished decay, when the warm-up covers it."""
-    span = s.decay_iters - s.warmup_iters
-    if span <= 0:
-        return 1.0, 1.0
-    return s.num_iters - s.warmup_iters, span
-
-
-class DecayStyle:
-    """One `lr_decay_style`: the LR after the warm-up, before the `min_lr` floor."""
-
-    def lr(self, s: ScheduleSettings) -> float:
-        raise NotImplementedError
-
-
-class Constant(DecayStyle):
-    """The peak LR throughout (after warm-up)."""
-
-    def lr(self, s):
-        return s.peak_lr
-
-
-class Linear(DecayStyle):
-    """GPT-NeoX: a line from the peak to 0 at the end of the decay, clipped at `min_lr` (so
-    `min_lr` > 0 is reached before the end, not interpolated to)."""
-
-    def lr(self, s):
-        n, span = _since_warmup(s)
-        return s.peak_lr * (span - n) / span
-
-
-class Cosine(DecayStyle):
-    """GPT-NeoX: half a cosine from the peak to `min_lr` over the decay."""
-
-    def lr(self, s):
-        n, span = _since_warmup(s)
-        return s.min_lr + (s.peak_lr - s.min_lr) / 2.0 * (math.cos(math.pi * n / span) + 1)
-
-
-class Exponential(DecayStyle):
-    """GPT-NeoX: the LR halves over the decay (exp(-0.693)), clipped at `min_lr`."""
-
-    def lr(self, s):
-        n, span = _since_warmup(s)
-        return s.peak_lr * math.exp(-LN2_NEOX * n / span)
-
-
-class InverseSqrt(DecayStyle):
-    """peak × sqrt(warmup / num_iters) (Megatron-LM), independent of the decay length."""
-
-    def lr(self, s):
-        warmup = max(s.warmup_iters, 1)
-        return s.peak_lr * math.sqrt(warmup) / math.sqrt(max(s.num_iters, warmup))
-
-
-class WarmupStableDecay(DecayStyle):
-    """Peak LR until the last `wsd_decay_fraction` × decay_iters iterations, which decay with
-    `wsd_decay_style` from the peak to `min_lr` and then stay there."""
-
-    def lr(self, s):
-        window = s.wsd_decay_fraction * s.decay_iters
-        start = s.decay_iters - window
-        if window <= 0 or s.num_iters <= start:
-            return s.peak_lr
-        q = min(1.0, (s.num_iters - start) / window)
-        return WSD_TAILS[s.wsd_decay_style].lr(q, s.peak_lr, s.min_lr)
-
-
-class Tail:
-    """A `wsd` final decay: progress `q` in [0, 1] to an LR from `peak` to `min_lr`."""
-
-    def lr(self, q: float, peak: float, min_lr: float) -> float:
-        raise NotImplementedError
-
-
-class LinearTail(Tail):
-    def lr(self, q, peak, min_lr):
-        return min_lr + (peak - min_lr) * (1.0 - q)
-
-
-class CosineTail(Tail):
-    def lr(self, q, peak, min_lr):
-        return min_lr + (peak - min_lr) * 0.5 * (1.0 + math.cos(math.pi * q))
-
-
-class ExponentialTail(Tail):
-    def lr(self, q, peak, min_lr):
-        return peak * math.exp(-LN2_NEOX * q)
-
-
-class MinusSqrtTail(Tail):
-    """1 - sqrt(q): the `inverse_sqrt` flavour of the wsd decay."""
-
-    def lr(self, q, peak, min_lr):
-        return min_lr + (peak - min_lr) * (1.0 - math.sqrt(q))
-
-
-DECAY_STYLES: dict[str, DecayStyle] = {
-    "constant": Constant(),
-    "linear": Linear(),
-    "cosine": Cosine(),
-    "exponential": Exponential(),
-    "inverse_sqrt": InverseSqrt(),
-    "wsd": WarmupStableDecay(),
-}
-
-WSD_TAILS: dict[str, Tail] = {
-    "linear": LinearTail(),
-    "cosine": CosineTail(),
-    "exponential": ExponentialTail(),
-    "inverse_sqrt": MinusSqrtTail(),
-}
+from megatron.config.lr import decay_and_warmup_iters, lr_cycle_ends
+from megatron.training.lr_cycles import cycle_lr
+from megatron.training.lr_styles import DECAY_STYLES, WSD_TAILS
 
 # Settings that define the curve; on resume they are compared with the checkpoint's.
-CURVE_KEYS = ("peak_lr", "min_lr", "warmup_iters", "decay_iters", "decay_style")
+CURVE_KEYS = (
+    "peak_lr", "min_lr", "warmup_iters", "decay_iters", "decay_style",
+    "cycle_ends", "rewarmup", "cycle_decay",
+)  # fmt: skip
 
 
 @dataclass
 class ScheduleSettings:
-    """Everything `AnnealingLR` needs; `num_iters` is the run state (applied steps so far)."""
+    """Everything `AnnealingLR` needs; `num_iters` is the run state (applied steps so far).
+    `cycle_ends` (iterations where LR cycles end; () without cycles), `rewarmup` and
+    `cycle_decay` are `lr_cycles.py`'s."""
 
     peak_lr: float
     min_lr: float = 0.0
@@ -166,8 +57,12 @@ class ScheduleSettings:
     wsd_decay_fraction: float = 0.1
     wsd_decay_style: str = "linear"
     num_iters: int = 0
+    cycle_ends: tuple[int, ...] = ()
+    rewarmup: float = 0.0
+    cycle_decay: float | None = None
 
     def __post_init__(self):
+        self.cycle_ends = tuple(int(e) for e in self.cycle_ends)
         if self.decay_style not in DECAY_STYLES:
             raise ValueError(
                 f"lr_decay_style '{self.decay_style}' is not valid; expected one of "
@@ -185,13 +80,22 @@ class ScheduleSettings:
             )
         if not 0.0 <= self.wsd_decay_fraction <= 1.0:
             raise ValueError(f"wsd_decay_fraction {self.wsd_decay_fraction} must be in [0, 1]")
+        if self.decay_style == "inv" and self.min_lr <= 0:
+            raise ValueError(
+                f"lr_decay_style 'inv' decays towards min_lr; min_lr {self.min_lr} must be > 0"
+            )
 
 
 def lr_at(s: ScheduleSettings) -> float:
     """The learning rate after `s.num_iters` applied steps."""
+    if s.cycle_ends:
+        return cycle_lr(s, DECAY_STYLES[s.decay_style].lr)
     if s.warmup_iters > 0 and s.num_iters <= s.warmup_iters:
         return float(s.peak_lr) * s.num_iters / s.warmup_iters
     return max(DECAY_STYLES[s.decay_style].lr(s), s.min_lr)
+
+
+_UNCYCLED = {"cycle_ends": (), "rewarmup": 0.0, "cycle_decay": None}
 
 
 class AnnealingLR:
@@ -248,7 +152,9 @@ class AnnealingLR:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self.override:
             for key in CURVE_KEYS:
-                ours, theirs = getattr(self.settings, key), state.get(key)
+                # a checkpoint from before LR cycles lacks their keys: it had none
+                ours, theirs = getattr(self.settings, key), state.get(key, _UNCYCLED.get(key))
+                theirs = tuple(theirs) if key == "cycle_ends" else theirs
                 if self.use_checkpoint:
                     setattr(self.settings, key, theirs)
                 elif ours != theirs:
@@ -267,7 +173,7 @@ def schedule_settings_from_config(cfg, train_iters: int | None = None) -> Schedu
 
     `train_iters` gives the run length when it is only known at run time (`train_epochs`):
     when the config derived no decay length, decay and warm-up are derived from it by the
-    same rule as at resolution (`decay_and_warmup_iters`).
+    same rule as at resolution (`decay_and_warmup_iters`); so are the LR cycles.
     """
     lr = cfg.lr
     decay, warmup = lr.decay_iters, lr.warmup_iters
@@ -281,6 +187,9 @@ def schedule_settings_from_config(cfg, train_iters: int | None = None) -> Schedu
         decay_style=lr.lr_decay_style,
         wsd_decay_fraction=float(lr.wsd_decay_fraction),
         wsd_decay_style=lr.wsd_decay_style,
+        cycle_ends=lr_cycle_ends(lr, int(decay), train_iters) if decay else (),
+        rewarmup=float(lr.lr_rewarmup),
+        cycle_decay=None if lr.lr_cycle_decay is None else float(lr.lr_cycle_decay),
     )
 
 

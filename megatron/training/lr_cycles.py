@@ -1,0 +1,61 @@
+"""The LR within Levanter's cycles (`lr_cycles` / `lr_cycle_length`), as a pure function of
+the iteration.
+
+The decay iterations are split into cycles at `ScheduleSettings.cycle_ends`; the phases of each
+cycle come from `megatron.config.lr.lr_cycle_phases`. With k = iterations into a cycle that
+warms up over w, holds the peak for s and decays over d:
+
+    k < w          previous + (peak - previous) × k / w   (previous: 0 in the first cycle,
+                                                            else the previous cycle's final LR)
+    k < w + s      peak
+    otherwise      max(min_lr, shape(min(k - w - s, d), d))
+
+`shape` is the `lr_decay_style` of `lr_schedules.DECAY_STYLES`, evaluated as if the cycle's
+decay were a whole GPT-NeoX decay of d iterations after a warm-up of w (so `wsd` decays over
+the last `wsd_decay_fraction` of the cycle). A cycle's LR at its end is its final LR, and it
+holds past the last cycle (Levanter's schedules stop their clock). With a re-warm-up of 0 the
+first iteration of a cycle is back at the peak.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from megatron.config.lr import CyclePhases, lr_cycle_phases
+
+if TYPE_CHECKING:
+    from megatron.training.lr_schedules import ScheduleSettings
+
+Shape = Callable[["ScheduleSettings"], float]
+
+
+def phases_of(s: ScheduleSettings) -> tuple[CyclePhases, ...]:
+    return lr_cycle_phases(s.cycle_ends, int(s.warmup_iters), s.rewarmup, s.cycle_decay)
+
+
+def cycle_lr(s: ScheduleSettings, shape: Shape) -> float:
+    """The LR after `s.num_iters` applied steps of a cycled schedule."""
+    phases = phases_of(s)
+    index = min(bisect.bisect_right(s.cycle_ends, s.num_iters), len(phases) - 1)
+    p = phases[index]
+    k = s.num_iters - p.start
+    if k < p.warmup:
+        before = (
+            0.0 if index == 0 else _decayed(phases[index - 1], phases[index - 1].decay, s, shape)
+        )
+        return before + (s.peak_lr - before) * k / p.warmup
+    if k < p.warmup + p.stable:
+        return float(s.peak_lr)
+    return _decayed(p, min(k - p.warmup - p.stable, p.decay), s, shape)
+
+
+def _decayed(p: CyclePhases, into: int, s: ScheduleSettings, shape: Shape) -> float:
+    """The LR `into` iterations into the decay of cycle `p`, floored at `min_lr`."""
+    local = replace(
+        s, num_iters=p.warmup + into, warmup_iters=p.warmup, decay_iters=p.warmup + p.decay,
+        cycle_ends=(),
+    )  # fmt: skip
+    return max(shape(local), s.min_lr)
