@@ -129,11 +129,14 @@ def check_datasets(cfg: Config, script: str) -> list[Finding]:
     """Every dataset prefix `train.py` will read is a whole pair whose dtype fits the vocab."""
     if Path(script).name not in DATA_SCRIPTS:
         return []
-    if getattr(cfg.data, "data_impl", None) == "dummy":
+    if cfg.data.data_impl == "dummy":
         return [Finding(NAME, OK, "data_impl: dummy: synthetic tokens, no files to check")]
     named = named_prefixes(cfg.data)
     if not named:
-        message = "no data: set data_path (with split) or train_data_paths"
+        message = (
+            "no data: set data_path (with split) or train_data_paths, or data_impl: dummy for "
+            "synthetic tokens"
+        )
         return [Finding(NAME, ERROR, message)]
     vocab_size = _vocab_size(cfg)
     return [check_prefix(prefix, keys, vocab_size, cfg) for prefix, keys in named.items()]

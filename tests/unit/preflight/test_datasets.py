@@ -121,8 +121,16 @@ def test_data_path_is_not_read_beside_train_data_paths(tmp_path):
     assert [f.level for f in found] == [OK]
 
 
-def test_no_data_at_all():
-    assert errors() == ["no data: set data_path (with split) or train_data_paths"]
+def test_no_data_at_all_and_synthetic_data():
+    assert errors() == [
+        "no data: set data_path (with split) or train_data_paths, or data_impl: dummy for "
+        "synthetic tokens"
+    ]
+    (dummy,) = findings(data_impl="dummy")
+    assert (dummy.level, dummy.message) == (
+        OK,
+        "data_impl: dummy: synthetic tokens, no files to check",
+    )
 
 
 @pytest.mark.parametrize("script", ["generate.py", "eval.py"])
