@@ -10,7 +10,8 @@ Three kinds of checkpoint (Levanter's two policies beside GPT-NeoX's schedule):
   iteration) and the save when a run stops early. Saved as `global_step{N}/`; pruned by
   `keep_last_n_checkpoints`, which counts only these.
 - temporary: when `checkpoint_save_interval_minutes` (Levanter's `save_interval`) have passed
-  since the last save of any kind (or since training started). Saved as
+  since the last save of any kind completed (or since training started), at an iteration no
+  other rule picks. Saved as
   `global_step{N}_temporary/`. Once the next checkpoint of any kind is complete (and `latest`
   names it), every other temporary folder under `save` is deleted, so at most one survives.
 
