@@ -3,10 +3,13 @@
 Launcher side (`deepy.py`):
 
 * `prepare_launch(cfg.launcher, script, user_args)`: context manager giving a `LaunchPlan`
-  (`argv`, `env`, `world_size`, `display()`), with secrets kept off every command line;
-  `run_launch(plan)` runs it; `verbose=True` shows DeepSpeed's INFO lines.
+  (`argv`, `env`, `world_size`, `display()`, `describe()`), with secrets kept off every
+  command line; `run_launch(plan)` runs it; `verbose=True` shows DeepSpeed's INFO lines.
 * `build_runner_argv(cfg.launcher, script, user_args)`: just the runner command line.
 * `planned_world_size(cfg.launcher)`: how many workers the launch starts.
+* `no_ssh: true` (`nossh.py`): every node runs deepy.py; `plan_resources` reads this node's
+  rank, the node count and the rendezvous from NODE_RANK/JOB_COMPLETION_INDEX, NNODES,
+  MASTER_ADDR, MASTER_PORT into `LaunchResources.node`, and `plan.describe()` names its ranks.
 * `check_optional_packages(script, group)` (`preflight.py`): refuses a run that needs a package
   this Python lacks, with the pip command; `choose_master_port` (`ports.py`): a free port for
   a one-machine run that sets none, a set one refused when taken.
