@@ -221,3 +221,18 @@ def test_interval_and_tiers_need_save_and_a_positive_interval(make_config):
     )
     policy = CheckpointPolicy.from_config(cfg, train_iters=200, clock=FakeClock())
     assert policy.interval == 30.0 and policy.decide(20) == "permanent"
+
+
+def test_a_stop_saves_a_step_checkpoint_once(tmp_path):
+    clock = FakeClock()
+    policy = CheckpointPolicy(SaveSchedule(None), (), 1.0, clock)
+    callback = CheckpointCallback(CheckpointIO(FakeEngine(), str(tmp_path)), policy, True)
+    messages = []
+    clock.now = 30.0
+    callback.after_step(_Loop(1, messages))
+    callback.on_end(_Loop(1, messages), stopped=True)  # exit_interval or a signal
+    clock.now = 100.0
+    callback.after_step(_Loop(2, messages))
+    callback.on_end(_Loop(2, messages), stopped=True)  # already saved at this iteration
+    assert messages == ["saved checkpoint global_step1", "saved checkpoint global_step2_temporary"]
+    assert _folders(tmp_path) == ["global_step1", "global_step2_temporary"]
