@@ -37,6 +37,7 @@ import pickle
 import random
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.model.checkpoint_size import free_bytes_at
+from megatron.training.disk_space import ensure_room, stop_on_failure
 from megatron.training.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 
 log = logging.getLogger(__name__)
@@ -265,6 +268,9 @@ class CheckpointIO:
     save_rng: bool = True
     save_optim: bool = True
     tracker: Any = None
+    needed_bytes: int | None = None
+    """Bytes one checkpoint needs (`checkpoint_size(cfg).total`); None: not checked."""
+    free_bytes: Callable[[Path], int] = free_bytes_at
 
     def _engine_save(self, tag: str) -> None:
         """DeepSpeed's save; with `save_optim` off, its optimizer states are left out (the
@@ -289,7 +295,15 @@ class CheckpointIO:
 
     def save(self, iteration: int, trainer_state: dict[str, Any], kind: str = "step") -> Path:
         """Collective: every rank must call it with the same iteration and `kind` (SAVE_KINDS;
-        `permanent` marks the folder so that no pruning deletes it)."""
+        `permanent` marks the folder so that no pruning deletes it). Without room for one
+        checkpoint (`needed_bytes`), or when a write fails, it raises `CheckpointSaveError`
+        and `latest` stays on the last complete checkpoint (`disk_space.py`)."""
+        tag = tag_for(iteration, kind)
+        ensure_room(self.save_dir, tag, self.needed_bytes, self.free_bytes)
+        with stop_on_failure(self.save_dir, tag, self.needed_bytes, self.free_bytes):
+            return self._save_files(iteration, trainer_state, kind)
+
+    def _save_files(self, iteration: int, trainer_state: dict[str, Any], kind: str) -> Path:
         if not self.save_dir:
             raise ValueError("no checkpoint folder: set `save` to save checkpoints")
         tag, rank = tag_for(iteration, kind), _rank()

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from megatron.model.checkpoint_size import checkpoint_size
 from megatron.training.batches import BatchSettings
 from megatron.training.callbacks import (
     CheckpointCallback,
@@ -211,6 +212,7 @@ def pretrain(cfg) -> TrainResult:
         save_rng=not c.no_save_rng,
         save_optim=not c.no_save_optim,
         tracker=get_rng_tracker(),
+        needed_bytes=checkpoint_size(cfg).total,
     )
     guard = SkippedStepGuard(cfg.precision.max_consecutive_skipped_steps)
     state, loaded = _resume(cfg, io, parts, guard)

@@ -25,6 +25,7 @@ from megatron.training.checkpointing import (
     set_rng_state,
     write_latest,
 )
+from megatron.training.disk_space import CheckpointSaveError
 
 
 def test_linear_and_log_schedules():
@@ -147,7 +148,7 @@ def test_save_then_load_restores_trainer_state_and_rng(tmp_path):
 def test_crash_mid_save_keeps_previous_latest(tmp_path):
     CheckpointIO(FakeEngine(), str(tmp_path)).save(2, {})
     assert (tmp_path / "global_step2" / COMPLETE).is_file()
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointSaveError, match="disk full"):
         CheckpointIO(FakeEngine(fail=True), str(tmp_path)).save(4, {})
     assert read_latest(tmp_path) == "global_step2"
     assert [it for it, _ in list_checkpoints(tmp_path, complete_only=True)] == [2]
@@ -157,7 +158,8 @@ def test_a_crash_while_saving_over_an_old_folder_leaves_it_partial(tmp_path):
     io = CheckpointIO(FakeEngine(), str(tmp_path))
     io.save(2, {})
     io.save(4, {})
-    with pytest.raises(OSError):  # e.g. a run resumed from 1 that reaches 2 again, and dies
+    # e.g. a run resumed from 1 that reaches 2 again, and dies
+    with pytest.raises(CheckpointSaveError):
         CheckpointIO(FakeEngine(fail=True), str(tmp_path)).save(2, {})
     assert not (tmp_path / "global_step2" / COMPLETE).exists()
     assert [it for it, _ in list_checkpoints(tmp_path, complete_only=True)] == [4]

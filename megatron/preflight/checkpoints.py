@@ -1,0 +1,197 @@
+"""Pre-flight check of `load`: the checkpoint the run would resume holds this model.
+
+Which folder is read follows the loaders. A training run (`CheckpointIO.load`) resumes what
+`{load}/latest` names; without `latest` (or without the folder) it starts afresh, which is no
+error. When `latest` names a missing or partial (no `complete` marker) folder, the loader takes
+the newest complete checkpoint instead, with a warning; with none complete it refuses a
+missing folder and trusts a partial one (written before markers, or by GPT-NeoX). `generate.py`
+and `eval.py` read `load` with the checkpoint tools (`latest`, or a `global_step{N}` folder).
+
+Only small files are read: the folder listing, `config.json` and no tensor. The model shapes
+are compared through `ModelSchema` (the checkpoint tools' one definition of every parameter's
+full shape, built on the `meta` device from the model code); the error names each model key
+whose value differs, as `megatron/model/hf_config.py` classifies them (every `ModelArgs` field
+not in `NEUTRAL` can change the weights or what they compute). A training run also needs the
+checkpoint's tensor/pipeline layout: DeepSpeed loads only the layout it saved, so another one
+is refused with the `tools/reshard.py` command that converts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from megatron.checkpoint_tools.layout import (
+    LATEST,
+    TRAINER_STATE,
+    CheckpointError,
+    locate,
+    read_layout,
+)
+from megatron.checkpoint_tools.reader import load_saved_config
+from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.config import Config
+from megatron.config.resolve import is_training_script
+from megatron.model import ModelArgs
+from megatron.model.args import CONFIG_ONLY
+from megatron.model.hf_config import NEUTRAL
+from megatron.preflight import ERROR, OK, WARNING, Finding, register
+
+NAME = "load"
+COMPLETE = "complete"  # `megatron/training/checkpointing.py::COMPLETE` (a test holds them equal)
+_STEP = re.compile(r"^global_step(\d+)(_temporary)?$")
+# The config key a `ModelArgs` field is set by, where the names differ.
+CONFIG_KEY = {field: key for key, field in CONFIG_ONLY.items()}
+
+
+def _newest_complete(load: Path) -> Path | None:
+    found = []
+    for path in load.iterdir():
+        match = _STEP.match(path.name)
+        if match and (path / COMPLETE).is_file():
+            found.append((int(match.group(1)), match.group(2) is None, path))
+    return max(found)[2] if found else None
+
+
+def resume_folder(load: Path) -> tuple[Path | None, list[Finding]]:
+    """The folder a training run resumes from `load` (None: a fresh start), and findings."""
+    latest = load / LATEST
+    if not latest.is_file():
+        return None, [
+            Finding(NAME, OK, f"no checkpoint under '{load}' (no {LATEST} file): fresh start")
+        ]
+    tag = latest.read_text().strip()
+    folder = load / tag
+    if (folder / COMPLETE).is_file():
+        return folder, []
+    fallback = _newest_complete(load)
+    state = "partial (no completion marker)" if folder.is_dir() else "missing"
+    if fallback is not None:
+        note = f"{latest} names '{tag}', which is {state}; the run resumes from {fallback.name}"
+        return fallback, [Finding(NAME, WARNING, note)]
+    if not folder.is_dir():
+        return None, [
+            Finding(
+                NAME,
+                ERROR,
+                f"{latest} names checkpoint '{tag}', but {folder} does not exist; point it at "
+                "an existing global_step folder or remove it to start afresh",
+            )
+        ]
+    note = f"{folder} has no completion marker (a crash mid-save, or written before markers)"
+    return folder, [Finding(NAME, WARNING, f"{note}; the loader trusts it, as no folder has one")]
+
+
+def key_differences(saved: ModelArgs, wanted: ModelArgs, *, vocab: bool = True) -> list[str]:
+    """'key saved vs config' for every model key (not `NEUTRAL`) whose values differ."""
+    out = []
+    for f in dataclasses.fields(wanted):
+        a, b = getattr(saved, f.name), getattr(wanted, f.name)
+        if f.name in NEUTRAL or a == b or (f.name == "vocab_size" and not vocab):
+            continue
+        out.append((CONFIG_KEY.get(f.name, f.name), a, b))
+    return [f"{key} {a!r}, the config says {b!r}" for key, a, b in out]
+
+
+def shape_differences(saved: ModelArgs, wanted: ModelArgs, *, vocab: bool = True) -> list[str]:
+    """Parameters whose full shape (or existence) differs between the two models."""
+    have, want = ModelSchema(saved).params, ModelSchema(wanted).params
+    out = []
+    for name in sorted(set(have) | set(want)):
+        a = have[name].shape if name in have else None
+        b = want[name].shape if name in want else None
+        if a and b and not vocab and want[name].is_vocab_table:
+            a, b = a[1:], b[1:]  # the inference loader pads or trims vocabulary rows
+        if a != b:
+            out.append(f"{name} {a or 'absent'} vs {b or 'absent'}")
+    return out
+
+
+def _layout_finding(layout, cfg: Config) -> Finding | None:
+    p = cfg.parallel
+    want = (p.model_parallel_size, p.pipe_parallel_size, p.zero_stage == 3)
+    if (layout.tp, layout.pp, layout.zero3) == want:
+        return None
+    target = f"--model-parallel-size {want[0]} --pipe-parallel-size {want[1]}"
+    return Finding(
+        NAME,
+        ERROR,
+        f"{layout.folder} was saved at {layout.describe()}; the config has "
+        f"model_parallel_size {want[0]}, pipe_parallel_size {want[1]}, zero_stage "
+        f"{p.zero_stage}, and DeepSpeed loads only the layout it saved: run python "
+        f"tools/reshard.py --checkpoint {layout.folder} --output <new folder> {target} and "
+        "load the new folder",
+    )
+
+
+def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
+    if not layout.config_file.is_file():
+        note = f"{layout.folder} has no config.json: its model shape is not checked"
+        return [Finding(NAME, WARNING, note)]
+    try:
+        saved = ModelArgs.from_config(load_saved_config(layout))
+        wanted = ModelArgs.from_config(cfg)
+    except (ValueError, TypeError, KeyError) as err:
+        note = f"model shape not checked: {layout.config_file} could not be read ({err})"
+        return [Finding(NAME, WARNING, note)]
+    shapes = shape_differences(saved, wanted, vocab=training)
+    keys = key_differences(saved, wanted, vocab=training)
+    if shapes:
+        named = "; ".join(keys) or "no model key (see the tensors)"
+        return [
+            Finding(
+                NAME,
+                ERROR,
+                f"{layout.folder} was saved with {named}: {len(shapes)} tensor(s) differ "
+                f"({', '.join(shapes[:3])}{', ...' if len(shapes) > 3 else ''}); set these "
+                "keys to the checkpoint's values or load a checkpoint of this model",
+            )
+        ]
+    same = f"{layout.folder}: model shape matches, saved at {layout.describe()}"
+    found = [Finding(NAME, OK, same)]
+    if keys:
+        note = f"{layout.folder} holds weights of this shape, saved with {'; '.join(keys)}"
+        found.append(Finding(NAME, WARNING, note))
+    return found
+
+
+def _folder(cfg: Config, training: bool) -> tuple[Path | None, list[Finding]]:
+    load = Path(cfg.checkpointing.load)
+    if training:
+        return resume_folder(load) if load.is_dir() else (None, [_fresh(load)])
+    try:
+        return locate(load), []
+    except CheckpointError as err:
+        return None, [Finding(NAME, ERROR, f"{err} (from load)")]
+
+
+def _fresh(load: Path) -> Finding:
+    return Finding(NAME, OK, f"'{load}' does not exist: fresh start")
+
+
+@register(NAME, reads_worker_files=True)
+def check_load(cfg: Config, script: str) -> list[Finding]:
+    """The checkpoint in `load` (when the run would read one) fits the config's model."""
+    c = cfg.checkpointing
+    if not c.load:
+        return []
+    training = is_training_script(script)
+    folder, findings = _folder(cfg, training)
+    if folder is None:
+        return findings
+    if training and not c.finetune and not (folder / TRAINER_STATE).is_file():
+        return findings + [
+            Finding(
+                NAME,
+                ERROR,
+                f"{folder / TRAINER_STATE} is missing: {folder} is not a checkpoint of this "
+                "trainer (or is incomplete); use finetune: true to load its weights only",
+            )
+        ]
+    try:
+        layout = read_layout(folder)
+    except CheckpointError as err:
+        return findings + [Finding(NAME, ERROR, str(err))]
+    bad_layout = _layout_finding(layout, cfg) if training else None
+    return findings + ([bad_layout] if bad_layout else []) + _model_findings(layout, cfg, training)

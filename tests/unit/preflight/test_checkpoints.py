@@ -1,0 +1,157 @@
+"""The `load` pre-flight check, on checkpoints the checkpoint tools write (real DeepSpeed-layout
+files): a model of another shape is refused naming every differing key, and exactly when torch
+itself would refuse the saved tensors; another tensor/pipeline layout is refused with the
+reshard command; the folder read is the one the loader resumes (fresh start, `latest` naming a
+missing or partial folder); a missing trainer state is refused unless `finetune`."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from megatron.checkpoint_tools import ModelSchema, write_checkpoint
+from megatron.config import config_from_dict
+from megatron.model import ModelArgs
+from megatron.preflight import ERROR, OK, WARNING, run_preflight
+from megatron.preflight import checkpoints as check
+from megatron.training import checkpointing
+
+TINY = dict(
+    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
+    tokenizer_type="CharLevelTokenizer", pos_emb="rotary", pipe_parallel_size=1,
+)  # fmt: skip
+
+
+def config(world_size=1, **keys):
+    return config_from_dict({**TINY, **keys}, world_size=world_size, vocab_size=512)
+
+
+def saved_state(cfg) -> dict:
+    schema = ModelSchema(ModelArgs.from_config(cfg))
+    return {name: torch.randn(spec.shape) for name, spec in schema.params.items()}
+
+
+def write(folder, cfg, iteration=2, tp=1, pp=1):
+    """A checkpoint of the model `cfg` describes under `folder` (its `latest` names it)."""
+    schema = ModelSchema(ModelArgs.from_config(cfg))
+    return write_checkpoint(
+        folder,
+        schema=schema,
+        state=saved_state(cfg),
+        tp=tp,
+        pp=pp,
+        iteration=iteration,
+        config_dict=cfg.to_dict(),
+    )
+
+
+def torch_loads(cfg, state) -> None:
+    """torch's own check: load `state` strictly into the model `cfg` describes."""
+    ModelSchema(ModelArgs.from_config(cfg)).meta_model.load_state_dict(state, assign=True)
+
+
+def load_findings(load, script="train.py", world_size=1, **keys):
+    cfg = config(world_size, load=str(load), **keys)
+    return [f for f in run_preflight(cfg, script) if f.check == "load"]
+
+
+def levels(findings):
+    return [f.level for f in findings]
+
+
+def test_same_model_passes(tmp_path):
+    folder = write(tmp_path, config())
+    (found,) = load_findings(tmp_path)
+    assert found.level == OK and found.message.startswith(f"{folder}: model shape matches")
+
+
+def test_another_shape_names_every_key_and_torch_agrees(tmp_path):
+    saved_cfg = config()
+    folder = write(tmp_path, saved_cfg)
+    (found,) = load_findings(tmp_path, hidden_size=128, num_layers=3)
+    assert found.level == ERROR
+    assert f"{folder} was saved with" in found.message
+    assert "num_layers 2, the config says 3" in found.message
+    assert "hidden_size 64, the config says 128" in found.message
+    with pytest.raises(RuntimeError, match="size mismatch|Missing key|Unexpected key"):
+        torch_loads(config(hidden_size=128, num_layers=3), saved_state(saved_cfg))
+
+
+def test_padded_vocabulary_and_untied_head_are_named(tmp_path):
+    write(tmp_path, config())
+    (found,) = load_findings(tmp_path, make_vocab_size_divisible_by=1024, no_weight_tying=True)
+    assert found.level == ERROR
+    assert "padded_vocab_size 512, the config says 1024" in found.message
+    assert "no_weight_tying False, the config says True" in found.message
+
+
+def test_a_key_that_keeps_the_shapes_warns_and_torch_loads(tmp_path):
+    saved_cfg = config()
+    write(tmp_path, saved_cfg)
+    found = load_findings(tmp_path, activation="relu", seed=7, hidden_dropout=0.3)
+    assert levels(found) == [OK, WARNING]
+    assert found[1].message.endswith("saved with activation 'gelu', the config says 'relu'")
+    torch_loads(config(activation="relu"), saved_state(saved_cfg))
+
+
+def test_another_layout_is_refused_with_the_reshard_command(tmp_path):
+    folder = write(tmp_path, config(world_size=2, model_parallel_size=2), tp=2)
+    found = load_findings(tmp_path)
+    assert levels(found) == [ERROR, OK]
+    assert f"{folder} was saved at tp=2, pp=1" in found[0].message
+    assert (
+        f"python tools/reshard.py --checkpoint {folder} --output <new folder> "
+        "--model-parallel-size 1 --pipe-parallel-size 1" in found[0].message
+    )
+    # generate.py and eval.py read any layout
+    assert levels(load_findings(tmp_path, script="generate.py")) == [OK]
+
+
+def test_no_checkpoint_yet_is_a_fresh_start(tmp_path):
+    (found,) = load_findings(tmp_path / "missing")
+    assert found.level == OK and "fresh start" in found.message
+    (found,) = load_findings(tmp_path)
+    assert found.level == OK and "no latest file" in found.message
+    (found,) = load_findings(tmp_path / "missing", script="generate.py")
+    assert found.level == ERROR and "is not a folder" in found.message
+
+
+def test_latest_naming_a_missing_folder(tmp_path):
+    (tmp_path / "latest").write_text("global_step9")
+    (found,) = load_findings(tmp_path)
+    assert found.level == ERROR
+    assert f"{tmp_path / 'latest'} names checkpoint 'global_step9'" in found.message
+    write(tmp_path, config(), iteration=4)
+    (tmp_path / "latest").write_text("global_step9")
+    found = load_findings(tmp_path)
+    assert levels(found) == [WARNING, OK]
+    assert "which is missing; the run resumes from global_step4" in found[0].message
+
+
+def test_latest_naming_a_partial_folder(tmp_path):
+    write(tmp_path, config(), iteration=2)
+    partial = write(tmp_path, config(), iteration=4)
+    (partial / check.COMPLETE).unlink()
+    found = load_findings(tmp_path)
+    assert levels(found) == [WARNING, OK]
+    assert "partial (no completion marker); the run resumes from global_step2" in found[0].message
+    shutil.rmtree(tmp_path / "global_step2")
+    found = load_findings(tmp_path)
+    assert levels(found) == [WARNING, OK] and "the loader trusts it" in found[0].message
+
+
+def test_a_folder_without_trainer_state_needs_finetune(tmp_path):
+    folder = write(tmp_path, config())
+    (folder / "trainer_state.pt").unlink()
+    (found,) = load_findings(tmp_path)
+    assert found.level == ERROR and "use finetune: true" in found.message
+    assert levels(load_findings(tmp_path, finetune=True)) == [OK]
+
+
+def test_the_names_are_the_loaders():
+    assert check.COMPLETE == checkpointing.COMPLETE
+    assert check.LATEST == checkpointing.LATEST
+    assert check.TRAINER_STATE == checkpointing.TRAINER_STATE
