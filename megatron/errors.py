@@ -5,8 +5,9 @@ checkpoint, a tokenizer, a combination the code refuses), as opposed to a bug in
 By the house rule such mistakes raise a `ValueError` subclass with a message that names the
 file, key or value; `is_user_error` is the one definition:
 
-* an instance of `user_error_classes()` (the error classes of the rooms, and
-  `TooManySkippedSteps`: a diverged run, not a bug), or
+* an instance of a `ValueError` subclass defined in the `megatron` package (`ConfigError`,
+  `LauncherError`, `CheckpointError`, `UnsafeCheckpointError`, `IndexedDatasetError`,
+  `TokenizerError`, ...), or of `TooManySkippedSteps` (a diverged run, not a bug), or
 * a `ValueError` or `OSError` raised by a `raise` statement of the `megatron` package (a
   `raise ValueError(...)` naming a refused combination, a `raise FileNotFoundError(...)`
   naming a missing data file). The same class raised by Python itself inside our code (an
@@ -14,14 +15,13 @@ file, key or value; `is_user_error` is the one definition:
 
 `run_worker(main)` wraps the `main` of `train.py`, `generate.py` and `eval.py` (see
 megatron/launcher/failures.py for where the record goes and what `deepy.py` prints).
-This module is outside the rooms: it imports their error classes, nothing imports it but
-the entry points.
+This module is outside the rooms (it reads classes of several); only the entry points
+import it.
 """
 
 from __future__ import annotations
 
 import dis
-import functools
 import os
 import sys
 import traceback
@@ -44,33 +44,12 @@ PACKAGE = Path(__file__).resolve().parent
 RAISE = dis.opmap["RAISE_VARARGS"]
 
 
-@functools.cache
-def user_error_classes() -> tuple[type[BaseException], ...]:
-    """The rooms' user-error classes (imported when first needed: some import torch)."""
-    from megatron.checkpoint_tools.layout import CheckpointError
-    from megatron.config.schema import ConfigError
-    from megatron.data.indexed_format import IndexedDatasetError
-    from megatron.data.preprocess.encoder import PreprocessError
-    from megatron.data.tokenizers.base import TokenizerError
-    from megatron.launcher.errors import LauncherError
-    from megatron.training.loss_scaling import TooManySkippedSteps
-    from megatron.training.safe_load import UnsafeCheckpointError
-
-    return (
-        ConfigError,
-        LauncherError,
-        CheckpointError,
-        UnsafeCheckpointError,
-        IndexedDatasetError,
-        TokenizerError,
-        PreprocessError,
-        TooManySkippedSteps,
-    )
-
-
 def is_user_error(error: BaseException) -> bool:
     """Whether `error` is a mistake in the user's input rather than a bug (module docstring)."""
-    if isinstance(error, user_error_classes()):
+    scaling = sys.modules.get("megatron.training.loss_scaling")  # not loaded: not raised
+    if scaling is not None and isinstance(error, scaling.TooManySkippedSteps):
+        return True
+    if isinstance(error, ValueError) and type(error).__module__.startswith("megatron."):
         return True
     return isinstance(error, ValueError | OSError) and _raised_by_our_raise(error)
 
@@ -100,15 +79,23 @@ def current_rank() -> int | None:
 def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] | None = None):
     """Run a worker's `main(argv)`; stop on an exception as megatron/launcher/failures.py says.
 
-    A user error exits with `USER_ERROR_EXIT`; any other exception with status 1.
+    A user error exits with `USER_ERROR_EXIT`; any other exception with status 1. The exit
+    skips the interpreter's clean-up (`os._exit`): with a process group whose peers are gone,
+    torch's clean-up can block, and DeepSpeed's launcher stops the other ranks only once this
+    one has exited. What must reach disk is written by then (the loggers close as the
+    exception leaves `pretrain`, the record here).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return main(argv)
     except Exception as error:  # noqa: BLE001 - every failure is recorded and reported
         code = USER_ERROR_EXIT if is_user_error(error) else 1
-        _stop(error, argv, code)
-        sys.exit(code)
+        try:
+            _stop(error, argv, code)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
 
 def _stop(error: Exception, argv: list[str], code: int) -> None:
