@@ -54,16 +54,16 @@ def writable_problem(save: str) -> str | None:
 
 def _space(cfg: Config) -> Finding:
     save = cfg.checkpointing.save
-    try:
-        size = checkpoint_size(cfg)
-    except (ValueError, KeyError) as err:  # no padded vocab in a dry run, say
-        return Finding(NAME, WARNING, f"checkpoint size not estimated ({err})")
+    if cfg.model.padded_vocab_size is None:  # a dry run whose tokenizer did not load
+        note = "checkpoint size not estimated: padded_vocab_size is unknown (no tokenizer)"
+        return Finding(NAME, WARNING, note)
+    size = checkpoint_size(cfg)
     free = free_bytes_at(save)
     fits = free // size.total if size.total else 0
     wanted = checkpoints_wanted(cfg.checkpointing.keep_last_n_checkpoints)
     text = (
         f"{format_bytes(size.total)} per checkpoint ({size.parameters:,} parameters), "
-        f"{format_bytes(free)} free under '{save}' ({fits} checkpoint(s))"
+        f"{format_bytes(free)} free under '{save}' ({fits:,} checkpoint(s))"
     )
     if fits < 1:
         return Finding(

@@ -1,7 +1,7 @@
 """The `save` pre-flight check and the checkpoint size estimate it shares with the run: the
 optimizer states counted per type are what the real optimizers keep after a step; a file in the
 way or too little space refuses the launch, a little space warns; the run's check before each
-save refuses the same way and leaves `latest` alone."""
+save refuses the same way (rank 0 decides for every rank) and leaves `latest` alone."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.training.checkpointing import CheckpointIO, list_checkpoints, read_latest
 from megatron.training.disk_space import CheckpointSaveError
 from megatron.training.optimizers import OPTIMIZERS, build_optimizer
+from tests.distributed import run_distributed
 
 TINY = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
@@ -174,3 +175,20 @@ def test_a_failed_write_stops_the_run_naming_folder_and_space(tmp_path):
     assert "(1,000,000,000 bytes) free" in message and "(100 bytes)" in message
     assert isinstance(failed.value.__cause__, OSError)
     assert read_latest(tmp_path) == "global_step1"
+
+
+def _refused_on_every_rank(rank, world_size, save_dir):
+    # Only rank 0 measures: rank 1 sees plenty of space here, and must stop all the same.
+    free = 10 if rank == 0 else 10**12
+    io = CheckpointIO(Engine(), save_dir, needed_bytes=1_000, free_bytes=lambda path: free)
+    try:
+        io.save(1, {})
+    except CheckpointSaveError as err:
+        return str(err)
+    return None
+
+
+def test_rank_0_decides_for_every_rank(tmp_path):
+    messages = run_distributed(_refused_on_every_rank, 2, str(tmp_path))
+    assert all(m and "10 B (10 bytes) free" in m for m in messages), messages
+    assert not (tmp_path / "global_step1").exists()
