@@ -7,6 +7,7 @@ from megatron.config.config import Config
 from megatron.config.logging import validate_profiling
 from megatron.config.lr import check_cycle_keys
 from megatron.config.optimizer_engines import validate_optimizer_engine
+from megatron.config.parallel import validate_hpz
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
 
@@ -216,6 +217,7 @@ def validate_checkpoint_policy(cfg: Config, sources: dict[str, str]) -> None:
 
 def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_model(cfg, sources)
+    validate_hpz(cfg.parallel, sources)  # before the general ZeRO checks: says more
     validate_parallel(cfg, sources)
     validate_optimizer_engine(cfg, sources)
     validate_data(cfg, sources)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from megatron.config.parallel import hpz_partition_size
 from megatron.training.flops import peak_description
 
 
@@ -10,6 +11,11 @@ def _num(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f}{unit}"
     return f"{n:g}"
+
+
+def _hpz(p) -> str:
+    size = hpz_partition_size(p.zero_optimization)
+    return f" (hpZ: parameters partitioned within groups of {size} ranks)" if size > 1 else ""
 
 
 def startup_report(
@@ -40,14 +46,15 @@ def startup_report(
             + peak_description(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops),
             f"  layout: world {topology.world_size} = data {topology.dp_size} × pipeline "
             f"{p.pipe_parallel_size or 1} ({'pipeline engine' if p.pipe_parallel_size else 'plain engine'})"  # noqa: E501
-            f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}; precision "
+            f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}{_hpz(p)}; precision "
             f"{cfg.precision.dtype}; optimizer {cfg.optimizer.optimizer_type}",
             f"  batch: global {t.train_batch_size} = micro {t.train_micro_batch_size_per_gpu} "
             f"× accumulation {t.gradient_accumulation_steps} × data-parallel {topology.dp_size}"
             f" = {tokens_per_step:,} tokens per step",
             f"  schedule: {train_iters} iterations ({_num(train_iters * tokens_per_step)} "
             f"tokens), starting at {resumed_from}",
-            f"  data: {data}",
+            f"  data: {data}"
+            + (" (synthetic tokens: data_impl dummy)" if cfg.data.data_impl == "dummy" else ""),
         ]
     )
 
