@@ -62,6 +62,12 @@ def levels(findings):
     return [f.level for f in findings]
 
 
+def same_as_the_loader(load) -> None:
+    """The pre-flight checks the folder `CheckpointIO.load` would resume."""
+    folder, _ = check.resume_folder(load)
+    assert folder.name == checkpointing.resume_tag(load)
+
+
 def test_same_model_passes(tmp_path):
     folder = write(tmp_path, config())
     (found,) = load_findings(tmp_path)
@@ -129,6 +135,7 @@ def test_latest_naming_a_missing_folder(tmp_path):
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
     assert "which is missing; the run resumes from global_step4" in found[0].message
+    same_as_the_loader(tmp_path)
 
 
 def test_latest_naming_a_partial_folder(tmp_path):
@@ -138,9 +145,11 @@ def test_latest_naming_a_partial_folder(tmp_path):
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
     assert "partial (no completion marker); the run resumes from global_step2" in found[0].message
+    same_as_the_loader(tmp_path)
     shutil.rmtree(tmp_path / "global_step2")
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK] and "the loader trusts it" in found[0].message
+    same_as_the_loader(tmp_path)
 
 
 def test_a_folder_without_trainer_state_needs_finetune(tmp_path):
@@ -155,3 +164,13 @@ def test_the_names_are_the_loaders():
     assert check.COMPLETE == checkpointing.COMPLETE
     assert check.LATEST == checkpointing.LATEST
     assert check.TRAINER_STATE == checkpointing.TRAINER_STATE
+
+
+def test_a_newer_temporary_checkpoint_is_resumed_as_the_loader_does(tmp_path):
+    write(tmp_path, config(), iteration=2)
+    (write(tmp_path, config(), iteration=3)).rename(tmp_path / "global_step3_temporary")
+    (tmp_path / "latest").write_text("global_step4")  # a crash before global_step4 was written
+    found = load_findings(tmp_path)
+    assert levels(found) == [WARNING, OK]
+    assert "the run resumes from global_step3_temporary" in found[0].message
+    same_as_the_loader(tmp_path)
