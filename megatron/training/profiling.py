@@ -103,7 +103,10 @@ class ProfilerCallback(Callback):
         self.first = max(s.start, next_iteration)
         if s.trace_dir is not None or self.cpu_memory:
             self.profiler = self._make_profiler()
-            self.profiler.step_num = next_iteration  # so that ProfilerStep#N is iteration N
+            # Count steps as iterations (ProfilerStep#N is iteration N); the profiler asked
+            # its schedule about step 0 when it was made, so ask again for this step.
+            self.profiler.step_num = next_iteration
+            self.profiler.current_action = self.profiler.schedule(next_iteration)
             self.profiler.start()
         self._before(next_iteration)
 
@@ -113,7 +116,13 @@ class ProfilerCallback(Callback):
         self._before(loop.state.iteration + 1)
 
     def on_end(self, loop, stopped):
-        self._finish(loop.state.iteration + 1)
+        it, start = loop.state.iteration, self.settings.start
+        if it < start:  # the window was still ahead: say so
+            loop.loggers.log_text(
+                f"profiling: training ended at iteration {it}, before profile_step_start "
+                f"{start}; nothing was profiled"
+            )
+        self._finish(it + 1)
 
     def on_abort(self, loop, error):
         self._finish(loop.state.iteration + 1)
