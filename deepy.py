@@ -22,6 +22,7 @@ The console shows our own lines, warnings and errors; `--verbose` adds DeepSpeed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -125,7 +126,10 @@ def preflight(cfg: Config, script: str) -> list:
     """Check the files the run will read and write; warn, or refuse before anything starts."""
     from megatron.preflight import WARNING, raise_on_errors, run_preflight
 
-    findings = run_preflight(cfg, script, shared_fs=cfg.launcher.preflight_shared_fs)
+    # Some checks import torch and DeepSpeed, whose logger writes to the stdout it finds at
+    # import; stdout carries only what deepy.py prints (the --dry-run JSON), so they get stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        findings = run_preflight(cfg, script, shared_fs=cfg.launcher.preflight_shared_fs)
     for finding in findings:
         if finding.level == WARNING:
             log.warning("pre-flight %s: %s", finding.check, finding.message)
