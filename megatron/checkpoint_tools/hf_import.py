@@ -4,7 +4,8 @@
 
 1. `model_keys_from_hf`: the Hugging Face config as our config keys (the inverse of
    `megatron.model.hf_config`, which is then asked back: a setting that would not survive
-   the round trip, such as another activation or RoPE scaling, is refused with the reason).
+   the round trip, such as another activation or a RoPE type we lack, is refused with the
+   reason; RoPE scaling maps onto `rope_scaling` field by field).
 2. The weights (safetensors or `pytorch_model*.bin`, sharded or not) renamed by the model's
    table (`from_hf`); a tensor the table does not use is an error, not a silent drop.
 3. `write_checkpoint` at `global_step0` with the resolved config, the tokenizer copied when
@@ -25,11 +26,15 @@ from megatron.checkpoint_tools.reshard import check_layout, tokenizer_vocab_size
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.tokenizer_files import import_tokenizer
 from megatron.checkpoint_tools.writer import write_checkpoint
+from megatron.config.rope_scaling import check_rope_scaling
 from megatron.model import HF_ARCHITECTURES, ModelArgs, from_hf, hf_config, name_map
 
 MODEL_TYPES = {"gpt_neox": "gpt_neox", "llama": "llama"}
 # Non-weight tensors some Hugging Face checkpoints carry (recomputed by the model).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
+# Keys of a Hugging Face rope dict that are not `rope_scaling` fields (ours: rotary_emb_base,
+# rotary_pct; `type` is the old name of `rope_type`).
+ROPE_OWN_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 SNIPPET = "hf_import.yml"
 # Training keys the config system requires, for the config recorded beside the weights only
 # (a run's own config files set them).
@@ -79,15 +84,19 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"'{hf_dir}' has no model.safetensors or pytorch_model.bin weights")
 
 
-def _rope(hf: dict) -> tuple[float, float]:
-    """(theta, rotary fraction), refusing RoPE scaling our model does not implement."""
+def _rope(hf: dict) -> tuple[float, float, dict | None]:
+    """(theta, rotary fraction, our `rope_scaling`), refusing RoPE types we do not implement."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"RoPE type '{kind}' (rope scaling) is not supported; only 'default'")
     theta = rope.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
     pct = rope.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor")))
-    return float(theta), float(1.0 if pct is None else pct)
+    if kind == "default":
+        return float(theta), float(1.0 if pct is None else pct), None
+    scaling = {"rope_type": kind, **{k: v for k, v in rope.items() if k not in ROPE_OWN_KEYS}}
+    if kind in ("yarn", "llama3"):  # transformers' default for a missing original length
+        scaling.setdefault("original_max_position_embeddings", hf["max_position_embeddings"])
+    check_rope_scaling(scaling, "rotary", "the Hugging Face config's rope_parameters")
+    return float(theta), float(1.0 if pct is None else pct), scaling
 
 
 def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
@@ -98,7 +107,7 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
             f"model_type '{hf.get('model_type')}' is not supported; expected one of "
             f"{', '.join(MODEL_TYPES)}"
         )
-    theta, pct = _rope(hf)
+    theta, pct, scaling = _rope(hf)
     if int(theta) != theta:
         raise ValueError(f"rope_theta {theta} is not an integer (rotary_emb_base is one)")
     want_act = {"gpt_neox": "gelu", "llama": "silu"}[arch]
@@ -119,6 +128,8 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
         mlp_multiple_of=1,
         no_weight_tying=not hf.get("tie_word_embeddings", False),
     )
+    if scaling is not None:
+        keys["rope_scaling"] = scaling
     if arch == "gpt_neox":
         bias = hf.get("attention_bias", True)
         keys.update(
@@ -151,13 +162,16 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
 
 def _check_round_trip(hf: dict, args: ModelArgs, arch: str) -> None:
     back = hf_config(args, arch, hf["vocab_size"])  # raises for inexpressible settings
-    theta, pct = _rope(hf)
+    theta, pct, scaling = _rope(hf)
     rope = back.pop("rope_parameters")
     back.pop("attention_dropout", None)
     back.pop("hidden_dropout", None)
     differ = {k: (hf.get(k), v) for k, v in back.items() if k in hf and hf[k] != v}
     if rope["rope_theta"] != theta or rope["partial_rotary_factor"] != pct:
         differ["rope"] = ((theta, pct), (rope["rope_theta"], rope["partial_rotary_factor"]))
+    rule = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if rule != (scaling or {"rope_type": "default"}):
+        differ["rope_parameters"] = (scaling, rule)
     if differ:
         raise ValueError(f"these Hugging Face settings would not survive conversion: {differ}")
 

@@ -61,6 +61,12 @@ class ModelConfig:
     rotary_emb_base: int = 10000
     """Base of the rotary embedding frequencies."""
 
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE scaling, as Hugging Face transformers' `rope_parameters` define it: `rope_type`
+    `linear`, `dynamic` (NTK, from `max_position_embeddings` on), `yarn` or `llama3` with that
+    rule's fields, e.g. `{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 2048}`
+    (`megatron/config/rope_scaling.py` lists them). Null: unscaled."""
+
     no_weight_tying: bool = False
     """Untie the input embedding and the output head (separate weights)."""
 

@@ -8,6 +8,7 @@ from megatron.config.logging import validate_profiling
 from megatron.config.lr import check_cycle_keys
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.parallel import validate_hpz
+from megatron.config.rope_scaling import check_rope_scaling
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
 
@@ -55,6 +56,7 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
             )
     if not 0 < m.rotary_pct <= 1:
         raise ConfigError(f"rotary_pct{_src(sources, 'rotary_pct')} must be in (0, 1]")
+    check_rope_scaling(m.rope_scaling, m.pos_emb, f"rope_scaling{_src(sources, 'rope_scaling')}")
     if m.max_position_embeddings < m.seq_length and m.pos_emb in ("learned", "sinusoidal"):
         raise ConfigError(
             f"seq_length {m.seq_length} exceeds max_position_embeddings "

@@ -8,7 +8,7 @@ the model runs (the new token only with the key/value cache, the whole sequence 
 over the tokenizer's vocabulary (`InferenceModel` cuts off the padding rows) and broadcasts
 it to every rank of the model replica, so all stages feed the same tokens next. A row ends at
 the end-of-document token (not included in its output) or after `maximum_tokens`, or when the
-model's `max_position_embeddings` is reached.
+model's `max_position_embeddings` is reached (with `rope_scaling` dynamic, `factor` times it).
 
 Every rank of the replica must call `generate` with the same prompts (collective).
 """
@@ -24,6 +24,7 @@ import torch
 
 from megatron.inference.kv_cache import kv_cache, supports_kv_cache
 from megatron.inference.sampling import SamplingSettings, sample
+from megatron.model.rope_scaling import position_limit
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def generate_batch(
     batch, length = len(prompts), len(prompts[0])
     if any(len(p) != length for p in prompts):
         raise ValueError("generate_batch needs prompts of equal length; use generate()")
-    limit = model.args.max_positions
+    limit = position_limit(model.args)
     if length >= limit:
         raise ValueError(f"a prompt of {length} tokens leaves no room: max_positions {limit}")
     steps = min(settings.maximum_tokens, limit - length)
@@ -107,7 +108,7 @@ def generate(
     """Results for `prompts` in their order, batching prompts of equal length."""
     if not settings.recompute and not supports_kv_cache(model.args):
         log.warning("pos_emb %s cannot use the key/value cache; recomputing", model.args.pos_emb)
-    limit = model.args.max_positions
+    limit = position_limit(model.args)
     trimmed = []
     for prompt in prompts:
         if not prompt:

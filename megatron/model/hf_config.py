@@ -62,6 +62,7 @@ CARRIED = frozenset(
         "intermediate_size",
         "mlp_multiple_of",
         "rotary_emb_base",
+        "rope_scaling",  # both classes take every rule in `rope_parameters`
         "no_weight_tying",
     }
 )
@@ -235,6 +236,7 @@ def hf_config(args: ModelArgs, arch: str, vocab_size: int | None = None) -> dict
         attention_bias=args.use_bias_in_attn_linear,
         rope_parameters={
             "rope_type": "default",
+            **(args.rope_scaling or {}),  # the same field names as transformers'
             "rope_theta": float(args.rotary_emb_base),
             "partial_rotary_factor": args.rotary_pct,
         },

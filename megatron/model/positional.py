@@ -5,7 +5,8 @@ Two places can use positions, so each encoding is split into (at most) two parts
 - input side, added to the token embeddings: `learned` (a trained table) and `sinusoidal`;
 - attention side, applied to queries/keys or to the scores: `rotary` (rotates the first
   `rotary_pct` of each head's dims, GPT-NeoX `rotate_half` convention, via
-  `megatron.kernels.apply_rotary_pos_emb`) and `alibi` (a per-head linear bias on the scores).
+  `megatron.kernels.apply_rotary_pos_emb`; `rope_scaling` rescales its frequencies,
+  `megatron/model/rope_scaling.py`) and `alibi` (a per-head linear bias on the scores).
 
 `none` uses neither. Every attention-side class implements one method,
 `encode(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
@@ -23,6 +24,7 @@ from torch import nn
 from megatron.kernels import apply_rotary_pos_emb, reference_rotary
 from megatron.model.args import ModelArgs, choose
 from megatron.model.init_methods import input_init
+from megatron.model.rope_scaling import rope_rule
 from megatron.parallel.comm import group_rank, group_size
 
 
@@ -79,13 +81,16 @@ class RotaryEmbedding(NoAttentionPositions):
             )
         self.base = float(args.rotary_emb_base)
         self.fused = args.rope_fusion
+        self.scaling = rope_rule(args)  # `rope_scaling`: frequencies and a cos/sin factor
 
     def cos_sin(self, position_ids: torch.Tensor):
         """fp32 `cos, sin` of shape `(s, b, 1, rot_dim)` for `position_ids` `(b, s)`."""
-        exponent = torch.arange(0, self.rot_dim, 2, device=position_ids.device).float()
-        inv_freq = 1.0 / (self.base ** (exponent / self.rot_dim))  # (rot/2,)
+        inv_freq = self.scaling.inv_freq(self.base, self.rot_dim, position_ids)  # (rot/2,)
         angles = position_ids.float().unsqueeze(-1) * inv_freq  # (b, s, rot/2)
         emb = torch.cat((angles, angles), dim=-1).transpose(0, 1).unsqueeze(2)  # (s, b, 1, rot)
+        factor = self.scaling.attention_factor()  # YaRN's; 1 for the other rules
+        if factor != 1.0:
+            return emb.cos() * factor, emb.sin() * factor
         return emb.cos(), emb.sin()
 
     def encode(self, q, k, position_ids):

@@ -62,8 +62,12 @@ def test_keys_from_hf_survive_the_way_back(hf, arch):
         (dict(model_type="gpt2"), "model_type 'gpt2'"),
         (dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
         (
+            dict(rope_parameters={"rope_type": "longrope", "rope_theta": 5e5, "factor": 8.0}),
+            "rope_type 'longrope' is not supported",
+        ),
+        (
             dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}),
-            "RoPE type 'llama3'",
+            r"llama3\) is missing \['low_freq_factor', 'high_freq_factor'\]",
         ),
         (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4 + 0.5}), "rope_theta"),
     ],
