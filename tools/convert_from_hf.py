@@ -1,4 +1,5 @@
-"""Convert a Hugging Face GPT-NeoX or Llama model directory into our checkpoint at any layout.
+"""Convert a Hugging Face GPT-NeoX, Llama, Mistral, Qwen2 or Qwen3 model directory into our
+checkpoint at any tensor/pipeline layout.
 
     python tools/convert_from_hf.py --hf pythia-160m --output checkpoints/pythia \\
         --model-parallel-size 2 --pipe-parallel-size 2

@@ -6,8 +6,10 @@
 
 writes config.json, generation_config.json, safetensors weights and the tokenizer files (when
 the config's are found): GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM
-for Llama-style ones (RMSNorm). A model the target architecture cannot express is refused,
-naming each option and its value, before anything is written (exit status 2). Without
+for Llama-style ones (RMSNorm), or for those with QK-norm, q/k/v-only biases or a sliding
+window Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM. A model the target
+architecture cannot express is refused, naming each option and its value, before anything is
+written (exit status 2). Without
 --config the config saved in the checkpoint describes the model.
 
 --verify loads the result with transformers and compares its logits with ours; a difference
@@ -44,7 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--architecture",
         default="auto",
         choices=ARCHITECTURES,
-        help="auto: llama for RMSNorm models, else gpt_neox",
+        help="auto: gpt_neox for LayerNorm models; for RMSNorm ones qwen3 (QK-norm), qwen2 "
+        "(q/k/v-only biases), mistral (sliding window), else llama",
     )
     p.add_argument("--vocab-size", type=int, help="keep only this many vocabulary rows")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="weights dtype (default: as saved)")

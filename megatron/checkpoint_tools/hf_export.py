@@ -1,4 +1,5 @@
-"""Our weights -> a Hugging Face model directory (`GPTNeoXForCausalLM` or `LlamaForCausalLM`).
+"""Our weights -> a Hugging Face model directory (`GPTNeoXForCausalLM`, `LlamaForCausalLM`,
+`MistralForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`).
 
     export_hf(reader.state_dict(), reader.args, "hf_out", tokenizer_cfg=reader.cfg.tokenizer)
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from megatron.checkpoint_tools.tokenizer_files import export_tokenizer
-from megatron.model import HF_ARCHITECTURES, ModelArgs, hf_config, name_map, to_hf
+from megatron.model import HF_ARCHITECTURES, ModelArgs, family_of, hf_config, name_map, to_hf
 
 ARCHITECTURES = ("auto", *HF_ARCHITECTURES)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -51,12 +52,14 @@ class ExportResult:
 
 
 def choose_architecture(args: ModelArgs, requested: str = "auto") -> str:
-    """`requested`, or for `auto`: Llama for RMSNorm models, GPT-NeoX otherwise."""
+    """`requested`, or for `auto`: GPT-NeoX for LayerNorm models; for RMSNorm ones Llama, or
+    the Llama-like class its attention variants need (`family_of`: Qwen3 for QK-norm, Qwen2
+    for q/k/v-only biases, Mistral for a sliding window)."""
     if requested not in ARCHITECTURES:
         raise ValueError(f"architecture '{requested}' is not valid; choose one of {ARCHITECTURES}")
     if requested != "auto":
         return requested
-    return "llama" if args.norm == "rmsnorm" else "gpt_neox"
+    return family_of(args) if args.norm == "rmsnorm" else "gpt_neox"
 
 
 def hf_config_object(args: ModelArgs, arch: str, vocab_size: int | None, dtype, eod=None):
@@ -64,7 +67,13 @@ def hf_config_object(args: ModelArgs, arch: str, vocab_size: int | None, dtype, 
     cannot be expressed as `arch`)."""
     import transformers
 
-    config_cls = {"gpt_neox": transformers.GPTNeoXConfig, "llama": transformers.LlamaConfig}
+    config_cls = {
+        "gpt_neox": transformers.GPTNeoXConfig,
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }
     config = config_cls[arch](
         **hf_config(args, arch, vocab_size),
         architectures=[HF_ARCHITECTURES[arch].hf_class],

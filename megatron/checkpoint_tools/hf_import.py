@@ -1,4 +1,5 @@
-"""A Hugging Face GPT-NeoX or Llama model directory -> our checkpoint at any tp/pp layout.
+"""A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2 or Qwen3 model directory -> our checkpoint at
+any tp/pp layout.
 
     result = import_hf("pythia-160m", "checkpoints/pythia", tp=2, pp=2)
 
@@ -22,6 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
+from megatron.checkpoint_tools.hf_family_keys import WINDOW_KEYS, family_keys
 from megatron.checkpoint_tools.reshard import check_layout, tokenizer_vocab_size
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.tokenizer_files import import_tokenizer
@@ -29,7 +31,7 @@ from megatron.checkpoint_tools.writer import write_checkpoint
 from megatron.config.rope_scaling import check_rope_scaling
 from megatron.model import HF_ARCHITECTURES, ModelArgs, from_hf, hf_config, name_map
 
-MODEL_TYPES = {"gpt_neox": "gpt_neox", "llama": "llama"}
+MODEL_TYPES = {k: k for k in ("gpt_neox", "llama", "mistral", "qwen2", "qwen3")}
 # Non-weight tensors some Hugging Face checkpoints carry (recomputed by the model).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 # Keys of a Hugging Face rope dict that are not `rope_scaling` fields (ours: rotary_emb_base,
@@ -110,7 +112,7 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
     theta, pct, scaling = _rope(hf)
     if int(theta) != theta:
         raise ValueError(f"rope_theta {theta} is not an integer (rotary_emb_base is one)")
-    want_act = {"gpt_neox": "gelu", "llama": "silu"}[arch]
+    want_act = "gelu" if arch == "gpt_neox" else "silu"
     if hf.get("hidden_act", want_act) != want_act:
         raise ValueError(
             f"hidden_act '{hf['hidden_act']}' is not supported for {arch}: use {want_act}"
@@ -144,7 +146,7 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
         if head_dim * heads != hf["hidden_size"]:
-            raise ValueError(f"head_dim {head_dim} x {heads} heads != hidden_size: not supported")
+            keys["head_dim"] = head_dim  # explicit (Qwen3, Gemma style)
         keys.update(
             # GPT-NeoX's gated-MLP convention: each branch is int(2/3 intermediate_size) / 2
             # wide (megatron/model/mlp.py); Hugging Face's intermediate_size is that width.
@@ -157,6 +159,7 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
             use_bias_in_attn_linear=hf.get("attention_bias", False),
             use_bias_in_mlp=hf.get("mlp_bias", False),
         )
+        keys.update(family_keys(arch, hf))
     return arch, keys
 
 
@@ -166,6 +169,8 @@ def _check_round_trip(hf: dict, args: ModelArgs, arch: str) -> None:
     rope = back.pop("rope_parameters")
     back.pop("attention_dropout", None)
     back.pop("hidden_dropout", None)
+    for key in WINDOW_KEYS:  # compared as the window of every layer, by family_keys
+        back.pop(key, None)
     differ = {k: (hf.get(k), v) for k, v in back.items() if k in hf and hf[k] != v}
     if rope["rope_theta"] != theta or rope["partial_rotary_factor"] != pct:
         differ["rope"] = ((theta, pct), (rope["rope_theta"], rope["partial_rotary_factor"]))

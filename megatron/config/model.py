@@ -34,8 +34,19 @@ class ModelConfig:
     num_kv_heads: int | None = None
     """Number of key/value heads for grouped-query attention; null means one per query head."""
 
+    head_dim: int | None = None
+    """Width of each attention head; null means `hidden_size / num_attention_heads`. Set it
+    where the heads are not a split of the hidden size (Qwen3, Gemma): the query/key/value
+    projections are then `heads × head_dim` wide."""
+
     seq_length: int | None = None
     """Training sequence length in tokens."""
+
+    sliding_window_width: int | None = None
+    """Sliding-window attention (Mistral): each token attends to itself and the
+    `sliding_window_width` tokens before it (GPT-NeoX's definition; Hugging Face's
+    `sliding_window` counts the token itself, so it is this + 1). Null: full causal attention.
+    Applies to every layer, every attention backend and cached generation."""
 
     max_position_embeddings: int | None = None
     """Largest position the positional encoding supports; defaults to `seq_length`."""
@@ -106,6 +117,10 @@ class ModelConfig:
     use_bias_in_attn_linear: bool = True
     """Attention projections carry biases."""
 
+    use_bias_in_qkv: bool = False
+    """Give the query/key/value projection a bias even with `use_bias_in_attn_linear: false`
+    (Qwen2: biased q/k/v, unbiased output projection)."""
+
     use_bias_in_mlp: bool = True
     """MLP projections carry biases."""
 
@@ -136,7 +151,13 @@ class ModelConfig:
     """Scale attention scores down by the layer number before softmax (fp16 stability)."""
 
     use_qk_layernorm: bool = False
-    """Normalise queries and keys before the dot product."""
+    """Normalise queries and keys before the dot product: the configured `norm` over each
+    head's `head_dim` dims, one weight for all query heads and one for all key heads, before
+    the rotary embedding (with `norm: rmsnorm`, Qwen3's `q_norm`/`k_norm`)."""
+
+    z_loss: float = 0.0
+    """Coefficient of the z-loss (PaLM): adds `z_loss × mean(logsumexp(logits)²)` over the
+    tokens the loss counts (the same loss-mask average as the cross entropy). 0: off."""
 
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (activation checkpointing)."""

@@ -170,7 +170,7 @@ def _pending(issue, advice, *defaults, gate=None):
     return NeoxKey(REFUSED, defaults, advice, issue=issue, gate=gate)
 
 
-_MOE = "mixture-of-experts layers are not built here yet"
+_MOE = "a key of DeepSpeed's MoE layer (moe_type: deepspeed), which is not built"
 _DPO = "DPO/KTO/reward-model training is not implemented here yet"
 _PAIRS = "pairwise (preference) datasets are not read here yet"
 _TE = "TransformerEngine layers are not built here"
@@ -194,7 +194,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
         ),
     ),
     "expansion_factor": _refused("set intermediate_size (the MLP width) instead", None),
-    "sliding_window_width": _pending(13, "sliding-window attention is not built yet", None),
     "layernorm_fusion": _none("fused layer norm kernel; the unfused one computes the same", False),
     "rmsnorm_fusion": _none("fused RMSNorm kernel; the unfused one computes the same", False),
     "rpe_num_buckets": _refused(_RPE, 32, gate="rpe"),
@@ -240,28 +239,10 @@ NEOX_KEYS: dict[str, NeoxKey] = {
         "older GPT-NeoX's Llama MLP: set activation: swiglu and mlp_multiple_of: 256", "regular"
     ),
     # mixture of experts (issue 13)
-    "moe_num_experts": _pending(13, _MOE, 1),
-    "moe_type": _pending(13, _MOE, "megablocks", gate="moe"),
-    "moe_top_k": _pending(13, _MOE, 1, gate="moe"),
-    "moe_router_type": _pending(13, _MOE, "sinkhorn", gate="moe"),
-    "moe_lbl_in_fp32": _pending(13, _MOE, False, gate="moe"),
-    "moe_jitter_eps": _pending(13, _MOE, None, gate="moe"),
-    "moe_glu": _pending(13, _MOE, False, gate="moe"),
-    "moe_token_dropping": _pending(13, _MOE, False, gate="moe"),
-    "moe_use_residual": _pending(13, _MOE, True, gate="moe"),
-    "moe_train_capacity_factor": _pending(13, _MOE, 1.0, gate="moe"),
-    "moe_eval_capacity_factor": _pending(13, _MOE, 1.0, gate="moe"),
-    "moe_min_capacity": _pending(13, _MOE, 4, gate="moe"),
-    "moe_aux_loss_coeff": _pending(13, _MOE, 0.1, gate="moe"),
-    "moe_z_loss_coeff": _pending(13, _MOE, 0.0, gate="moe"),
-    "moe_expert_parallel_size": _pending(13, _MOE, 1, gate="moe"),
-    "enable_expert_tensor_parallelism": _pending(13, _MOE, False, gate="moe"),
-    "expert_interval": _pending(13, _MOE, 2, gate="moe"),
     "moe_expert_interval": _pending(13, _MOE, 1, gate="moe"),
     "moe_loss_coeff": _pending(13, _MOE, 0.1, gate="moe"),
     "create_moe_param_group": _pending(13, _MOE, True, gate="moe"),
     "use_tutel": _none("Tutel MoE kernels (MoE is refused)", False),
-    "z_loss": _pending(13, "the z-loss term is not implemented yet", 0.0),
     # objectives and datasets (issue 12)
     "train_impl": _pending(12, _DPO, "normal"),
     "dataset_impl": _pending(12, _PAIRS, "gpt2"),

@@ -6,6 +6,7 @@ from megatron.config.checkpointing import parse_checkpoint_keep
 from megatron.config.config import Config
 from megatron.config.logging import validate_profiling
 from megatron.config.lr import check_cycle_keys
+from megatron.config.moe import validate_moe
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.parallel import validate_hpz
 from megatron.config.rope_scaling import check_rope_scaling
@@ -21,6 +22,23 @@ def _src(sources: dict[str, str], *keys: str) -> str:
     return f" ({'; '.join(found)})" if found else ""
 
 
+def _validate_attention_variants(m, sources: dict[str, str]) -> None:
+    """head_dim, sliding_window_width and z_loss (issue 13)."""
+    if m.head_dim is not None and m.head_dim < 1:
+        raise ConfigError(
+            f"head_dim{_src(sources, 'head_dim')} must be a positive integer or null "
+            f"(hidden_size / num_attention_heads), got {m.head_dim}"
+        )
+    width = m.sliding_window_width
+    if width is not None and width < 0:
+        raise ConfigError(
+            f"sliding_window_width{_src(sources, 'sliding_window_width')} must be >= 0 (the "
+            f"tokens before each one it attends to) or null (full attention), got {width}"
+        )
+    if m.z_loss < 0:
+        raise ConfigError(f"z_loss{_src(sources, 'z_loss')} must be >= 0, got {m.z_loss}")
+
+
 def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     m, tp = cfg.model, cfg.parallel.model_parallel_size
     for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
@@ -30,7 +48,8 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
         if value < 1:
             raise ConfigError(f"{key}{_src(sources, key)} must be positive, got {value}")
     heads = m.num_attention_heads
-    if m.hidden_size % heads:
+    _validate_attention_variants(m, sources)
+    if m.head_dim is None and m.hidden_size % heads:
         raise ConfigError(
             f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {heads}"
             f"{_src(sources, 'hidden_size', 'num_attention_heads')}"
@@ -226,3 +245,4 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_schedule(cfg, sources)
     validate_torch_compile(cfg, sources)
     validate_profiling(cfg, sources)
+    validate_moe(cfg)

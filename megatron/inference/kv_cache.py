@@ -9,7 +9,9 @@
 at their own positions by the layer) to the layer's cache and attends over all of them. The
 first call of a generation (empty cache) goes through the layer's own backend, so the prompt's
 logits are exactly the uncached ones; later calls use `scaled_dot_product_attention` with the
-causal mask aligned to the end (new query `i` sees every cached key and the new keys `<= i`).
+causal mask aligned to the end (new query `i` sees every cached key and the new keys `<= i`),
+and with `sliding_window_width` W only the keys at most W positions before it (the cache keeps
+every key; the mask is what limits attention to the window).
 
 Encodings that add a score bias computed from the query and key positions (ALiBi) cannot
 reuse cached keys this way: `supports_kv_cache` says so and generation then recomputes.
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.attention import ParallelSelfAttention
+from megatron.model.attention_backends import blocked_keys
 
 BIASED_POSITIONS = ("alibi", "rpe")
 
@@ -70,9 +73,9 @@ class CachedAttention(nn.Module):
         k, v, past = self.cache.append(self.layer, k, v)
         if past == 0:
             return self.core(q, k, v)
-        sq, sk = q.shape[0], k.shape[0]
-        # (s, b, n, d) -> (b, n, s, d); True = may attend
-        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        # (s, b, n, d) -> (b, n, s, d); True = may attend (the new queries are the last keys;
+        # a sliding window also blocks keys more than `sliding_window_width` before a query)
+        visible = ~blocked_keys(q.shape[0], k.shape[0], self.core.window, q.device)
         out = F.scaled_dot_product_attention(
             q.permute(1, 2, 0, 3),
             k.permute(1, 2, 0, 3),

@@ -4,7 +4,8 @@ Reading order (each file one concern): `args` (the settings) -> `init_methods`, 
 `activations`, `positional` -> `attention_backends` -> `attention`, `mlp` -> `transformer`
 -> `embedding`, `head` -> `specs` (the layer list and parameter names) -> `loss` -> `gpt`
 (`build_model`). Around it: `counting` (parameter counts), `weights` (full state dicts),
-`hf_names` (the Hugging Face rename table) and `hf_config`.
+`hf_names` (the Hugging Face rename table), `hf_config` and `hf_families` (Mistral, Qwen2,
+Qwen3).
 
 Contract for the training loop:
 
@@ -34,6 +35,7 @@ from megatron.model.gpt import (
     pipeline_config_for,
 )
 from megatron.model.hf_config import hf_config
+from megatron.model.hf_families import family_of  # registers Mistral, Qwen2, Qwen3
 from megatron.model.hf_names import HF_ARCHITECTURES, from_hf, fuse_qkv, name_map, split_qkv, to_hf
 from megatron.model.loss import loss_fn
 from megatron.model.specs import gpt_layer_specs, layer_index, layer_prefix
@@ -50,6 +52,7 @@ __all__ = [
     "configure_activation_checkpointing",
     "count_model_parameters",
     "count_parameters",
+    "family_of",
     "from_hf",
     "full_state_dict",
     "fuse_qkv",

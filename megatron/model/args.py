@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 
 from megatron.config.model import ModelConfig
+from megatron.config.moe import MoEConfig
 from megatron.config.parallel import ParallelConfig
 from megatron.config.schema import field_types
 from megatron.config.training import TrainingConfig
@@ -39,6 +40,7 @@ OTHER_GROUPS = {
         ("pipe_parallel_size", "pipe_partition_method", "sequence_parallel"),
     ),
     "training": (TrainingConfig, ("seed",)),
+    "moe": (MoEConfig, tuple(f.name for f in dataclasses.fields(MoEConfig))),
 }
 # Keys that are null in a config until set, and without which no model can be built.
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
@@ -69,8 +71,9 @@ _DOC = """Architecture and model-side parallel settings of one GPT model.
 Beyond the config keys (see the module docstring): `vocab_size` is the padded vocabulary (rows
 of the embedding and the output head, divisible by the tensor-parallel size); `softmax_fusion`
 says that `global` layers use the fused scale-mask-softmax path (the kernel where available);
-an empty `layer_attention_types` means all `global`. Layer `i` of the spec list is initialised
-from `seed + i`, so one seed gives the same full model at any tensor/pipeline layout.
+an empty `layer_attention_types` means all `global`; a null `head_dim` is resolved to
+`hidden_size / num_attention_heads` when the args are made. Layer `i` of the spec list is
+initialised from `seed + i`, so one seed gives the same full model at any tensor/pipeline layout.
 """
 
 
@@ -82,7 +85,7 @@ class _ModelArgsMethods:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model {key} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                 f"{self.num_attention_heads}"
@@ -92,14 +95,12 @@ class _ModelArgsMethods:
                 f"num_attention_heads {self.num_attention_heads} is not divisible by "
                 f"num_kv_heads {self.kv_heads}; num_kv_heads must divide it"
             )
+        if self.head_dim is None:  # resolved once: hidden_size / num_attention_heads
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.checkpoint_num_layers < 1:
             raise ValueError(
                 f"checkpoint_num_layers must be >= 1, got {self.checkpoint_num_layers}"
             )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def kv_heads(self) -> int:

@@ -10,6 +10,12 @@ With one kv head per query head this is GPT-NeoX's per-head `[q | k | v]` interl
 GPT-NeoX/Pythia `query_key_value` maps over unchanged. Because whole kv groups are contiguous,
 the column-parallel split hands each tensor-parallel rank `nkv/tp` complete groups: its query
 heads and exactly the key/value heads they use.
+
+Variants (issue 13): `head_dim` may differ from `hidden_size / heads` (the projections are
+`heads × head_dim` wide); `use_bias_in_qkv` biases the QKV projection alone (Qwen2);
+`use_qk_layernorm` normalises each query and key head over `head_dim` before the rotary
+embedding (Qwen3's q_norm/k_norm with `norm: rmsnorm`); `sliding_window_width` is applied by
+the backend (`attention_backends.py`).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ class ParallelSelfAttention(nn.Module):
             args.hidden_size,
             qkv_rows,
             tp_group=tp_group,
-            bias=args.use_bias_in_attn_linear,
+            bias=args.use_bias_in_attn_linear or args.use_bias_in_qkv,
             init_method=input_init(args),
             sequence_parallel=sp,
         )

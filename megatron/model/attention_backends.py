@@ -19,6 +19,12 @@ layer's attention type (`attention_config`) and the softmax-fusion keys:
 number before the fp32 softmax, then multiplied back) apply to the explicit-softmax backends;
 SDPA picks its own accumulation precision. Attention dropout draws from the tensor-parallel RNG
 (each rank holds different heads, see `megatron.parallel.random`).
+
+Sliding window (`sliding_window_width` W, GPT-NeoX's definition): query `i` sees key `j` iff
+`0 <= i - j <= W` (itself and the W keys before it; Hugging Face's `sliding_window` = W + 1).
+Every backend applies it as an explicit mask (`blocked_keys`); the fused causal kernel does not
+take one, so those layers use the PyTorch softmax. Queries are the last `sq` of the `sk` keys,
+so the same mask serves the key/value cache (`megatron/inference/kv_cache.py`).
 """
 
 from __future__ import annotations
@@ -33,12 +39,21 @@ from torch import nn
 from megatron.kernels import (
     AttnMaskType,
     FusedScaleMaskSoftmax,
-    causal_mask,
     reference_scaled_masked_softmax,
 )
 from megatron.model.args import ModelArgs, choose
 from megatron.parallel import MODEL_PARALLEL_RNG, get_rng_tracker
 from megatron.parallel.comm import group_size
+
+
+def blocked_keys(sq: int, sk: int, window: int | None, device=None) -> torch.Tensor:
+    """`(sq, sk)` bool, True where query `i` may not see key `j`: the queries are the last `sq`
+    of the `sk` positions; a key after the query, or more than `window` before it, is blocked."""
+    distance = (torch.arange(sq, device=device) + (sk - sq))[:, None] - torch.arange(
+        sk, device=device
+    )
+    blocked = distance < 0
+    return blocked if window is None else blocked | (distance > window)
 
 
 def tensor_parallel_dropout_context(tp_group):
@@ -67,6 +82,7 @@ class AttentionBackend(nn.Module):
         # scores of deep layers in range.
         self.coeff = float(max(1, layer_number)) if args.apply_query_key_layer_scaling else 1.0
         self.softmax_in_fp32 = args.attention_softmax_in_fp32 or self.coeff != 1.0
+        self.window = args.sliding_window_width
 
     def dropout(self, probs: torch.Tensor) -> torch.Tensor:
         if not (self.training and self.dropout_p > 0):
@@ -96,8 +112,13 @@ class ReferenceAttention(AttentionBackend):
     """Explicit scores, causal mask and softmax in PyTorch (`megatron.kernels`' reference)."""
 
     def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.window is None:
+            return reference_scaled_masked_softmax(
+                scores, None, self.coeff, causal=True, softmax_in_fp32=self.softmax_in_fp32
+            )
+        mask = blocked_keys(scores.shape[-2], scores.shape[-1], self.window, scores.device)
         return reference_scaled_masked_softmax(
-            scores, None, self.coeff, causal=True, softmax_in_fp32=self.softmax_in_fp32
+            scores, mask, self.coeff, causal=False, softmax_in_fp32=self.softmax_in_fp32
         )
 
     def forward(self, q, k, v, bias=None):
@@ -122,6 +143,8 @@ class FusedSoftmaxAttention(ReferenceAttention):
         )
 
     def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        if self.window is not None:  # the causal kernel takes no window mask
+            return super().softmax(scores)
         return self.fused_softmax(scores)
 
 
@@ -132,9 +155,9 @@ class SDPAAttention(AttentionBackend):
         # (s, b, n, d) -> (b, n, s, d)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
         mask = None
-        if bias is not None:
-            sq, sk = q.shape[-2], k.shape[-2]
-            blocked = causal_mask(sq, sk, q.device)
+        if bias is not None or self.window is not None:
+            blocked = blocked_keys(q.shape[-2], k.shape[-2], self.window, q.device)
+            bias = torch.zeros(blocked.shape, device=q.device) if bias is None else bias
             mask = bias.to(q.dtype).masked_fill(blocked, torch.finfo(q.dtype).min)
         dropout_p = self.dropout_p if self.training else 0.0
         rng = tensor_parallel_dropout_context(self.tp_group) if dropout_p else None

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs, choose
 from megatron.model.mlp import mlp_inner_size
+from megatron.model.moe import is_moe_layer
 from megatron.model.norms import NORMS
 from megatron.parallel import is_tensor_parallel
 from megatron.parallel.comm import group_size
@@ -30,20 +31,31 @@ def _norm_parameters(args: ModelArgs, dim: int) -> int:
     return per_norm[cls.__name__]
 
 
-def layer_parameters(args: ModelArgs) -> int:
-    """Parameters of one transformer layer."""
+def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
+    """Parameters of transformer layer `layer_index` (0-based; MoE layers hold all experts;
+    the default 1 is a dense layer unless every layer has experts)."""
     h, d = args.hidden_size, args.head_dim
     nq, nkv = args.num_attention_heads, args.kv_heads
     qkv_rows = (nq + 2 * nkv) * d
-    attn_bias = args.use_bias_in_attn_linear
-    attention = h * qkv_rows + nq * d * h + (qkv_rows + h if attn_bias else 0)
+    qkv_bias = args.use_bias_in_attn_linear or args.use_bias_in_qkv
+    attention = h * qkv_rows + nq * d * h + (qkv_rows if qkv_bias else 0)
+    attention += h if args.use_bias_in_attn_linear else 0
     if args.use_qk_layernorm:
         attention += 2 * _norm_parameters(args, d)
-    ffn = mlp_inner_size(args)
-    inputs = 2 if build_activation(args.activation).gated else 1
-    mlp = (inputs + 1) * h * ffn + ((inputs * ffn + h) if args.use_bias_in_mlp else 0)
     norms = _norm_parameters(args, h) * (1 if args.gpt_j_residual and args.gpt_j_tied else 2)
-    return attention + mlp + norms
+    return attention + norms + _mlp_parameters(args, layer_index)
+
+
+def _mlp_parameters(args: ModelArgs, layer_index: int, active: bool = False) -> int:
+    """A dense MLP, or a MoE layer's `E` experts (`k` with `active`) plus its router."""
+    h, ffn = args.hidden_size, mlp_inner_size(args)
+    gated = build_activation(args.activation).gated
+    moe = is_moe_layer(args, layer_index)
+    inputs = 2 if gated or (moe and args.moe_glu) else 1
+    mlp = (inputs + 1) * h * ffn + ((inputs * ffn + h) if args.use_bias_in_mlp else 0)
+    if not moe:
+        return mlp
+    return (args.moe_top_k if active else args.moe_num_experts) * mlp + args.moe_num_experts * h
 
 
 def parameter_breakdown(args: ModelArgs) -> dict[str, int]:
@@ -52,10 +64,21 @@ def parameter_breakdown(args: ModelArgs) -> dict[str, int]:
     return {
         "embedding": args.vocab_size * h,
         "position": args.max_positions * h if args.pos_emb == "learned" else 0,
-        "layers": args.num_layers * layer_parameters(args),
+        "layers": sum(layer_parameters(args, i) for i in range(args.num_layers)),
         "final_norm": _norm_parameters(args, h),
         "head": 0 if args.tied_embeddings else args.vocab_size * h,
     }
+
+
+def active_parameters(cfg) -> int:
+    """Parameters one token runs through: as `count_parameters`, with a MoE layer's `k`
+    experts instead of all `E` (the router included)."""
+    args = cfg if isinstance(cfg, ModelArgs) else ModelArgs.from_config(cfg)
+    moe = sum(
+        _mlp_parameters(args, i) - _mlp_parameters(args, i, active=True)
+        for i in range(args.num_layers)
+    )
+    return count_parameters(args) - moe
 
 
 def count_parameters(cfg) -> int:
@@ -85,11 +108,18 @@ def count_model_parameters(model: torch.nn.Module, topology=None) -> int:
     """Unique parameters of the whole model, summed over tensor and pipeline ranks.
 
     Collective over the model-parallel ranks (call it on every rank); see `owned_parameters`.
-    Data-parallel replicas are not summed.
+    Data-parallel replicas are not summed; expert shards are summed over the expert-parallel
+    group (gloo, CPU tensors).
     """
-    local = sum(p.numel() for p in owned_parameters(model, topology))
+    owned = owned_parameters(model, topology)
+    local = sum(p.numel() for p in owned)
     if topology is None:
         return local
+    experts = sum(p.numel() for p in owned if getattr(p, "expert_parallel", False))
+    if group_size(topology.ep_group) > 1:  # each expert-parallel rank holds other experts
+        ep_total = torch.tensor([experts], dtype=torch.int64)
+        dist.all_reduce(ep_total, group=topology.ep_group)
+        local += int(ep_total.item()) - experts
     groups = [g for g in (topology.tp_group, topology.pp_group) if group_size(g) > 1]
     if not groups:
         return local

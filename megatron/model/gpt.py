@@ -157,8 +157,9 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     """The model for `args` (see the module docstring); `topology` is a `ParallelTopology`
     (None: one process, no parallelism)."""
     tp_group = topology.tp_group if topology is not None else None
+    ep_group = topology.ep_group if topology is not None else None
     partition_method = _check_partition_method(args.pipe_partition_method)
-    specs = gpt_layer_specs(args, tp_group)
+    specs = gpt_layer_specs(args, tp_group, ep_group)
     interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
     if interval:
         configure_activation_checkpointing(args, topology)
@@ -173,13 +174,15 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
             model = PipelineModule(
                 layers=specs,
                 topology=topology.ds_topology,
-                loss_fn=bound_loss_fn(tp_group),
+                loss_fn=bound_loss_fn(tp_group, args.z_loss),
                 partition_method=partition_method,
                 activation_checkpoint_interval=interval,
                 checkpointable_layers=TRANSFORMER_LAYER_NAMES,
             )
     else:
-        model = GPTModel(specs, loss_fn=bound_loss_fn(tp_group), checkpoint_num_layers=interval)
+        model = GPTModel(
+            specs, loss_fn=bound_loss_fn(tp_group, args.z_loss), checkpoint_num_layers=interval
+        )
     model.args = args
     if group_size(tp_group) > 1:
         model.sequence_parallel_grad_hooks = register_sequence_parallel_grad_hooks(model, tp_group)

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from megatron.config.moe import MoEConfig
 from megatron.model.args import ModelArgs, choose
 from megatron.model.mlp import mlp_inner_size
 
@@ -49,6 +50,7 @@ NEUTRAL = frozenset(
         "pipe_parallel_size",
         "pipe_partition_method",
         "seed",
+        "z_loss",  # a training objective term: the function of the weights is unchanged
     }
 )
 CARRIED = frozenset(
@@ -59,6 +61,7 @@ CARRIED = frozenset(
         "vocab_size",
         "seq_length",
         "max_position_embeddings",
+        "head_dim",  # a rule where the class cannot set it (HEAD_DIM_RULE)
         "intermediate_size",
         "mlp_multiple_of",
         "rotary_emb_base",
@@ -92,6 +95,19 @@ ATTENTION_RULE = Rule(
     f"needs attention types among {list(FULL_CAUSAL_ATTENTION)} (full causal attention)",
 )
 NO_QK_NORM = "the class has no query/key normalisation"
+NO_WINDOW = only("sliding_window_width", None, "the class has no sliding-window attention")
+HEAD_DIM_RULE = Rule(
+    lambda args: args.head_dim * args.num_attention_heads == args.hidden_size,
+    "needs hidden_size / num_attention_heads: the class has no head_dim setting",
+)
+QKV_BIAS_RULE = Rule(
+    lambda args: args.use_bias_in_attn_linear or not args.use_bias_in_qkv,
+    "needs False without use_bias_in_attn_linear: the class biases all four attention "
+    "projections (attention_bias) or none",
+)
+NO_MOE = only("moe_num_experts", 1, "the class has dense MLPs only (no mixture of experts)")
+# The other MoE keys change nothing while moe_num_experts is 1, which NO_MOE requires.
+MOE_DEPENDENT = frozenset(f.name for f in dataclasses.fields(MoEConfig)) - {"moe_num_experts"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,8 @@ class HFConfigSpec:
     """Options this architecture carries for any value, or never reads."""
     fields: Callable[[ModelArgs], dict]
     """Config arguments specific to the architecture."""
+    omit: frozenset[str] = frozenset()
+    """Shared config arguments the class does not have (not written)."""
 
 
 # Our activation -> Hugging Face `hidden_act` (exactly the same function in `ACT2FN`).
@@ -136,6 +154,10 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
             use_bias_in_mlp=only("use_bias_in_mlp", True, "its MLP layers always have biases"),
             use_qk_layernorm=only("use_qk_layernorm", False, NO_QK_NORM),
             layer_attention_types=ATTENTION_RULE,
+            head_dim=HEAD_DIM_RULE,
+            sliding_window_width=NO_WINDOW,
+            use_bias_in_qkv=QKV_BIAS_RULE,
+            moe_num_experts=NO_MOE,
         ),
         free=frozenset(
             {
@@ -165,6 +187,9 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
             gpt_j_residual=only("gpt_j_residual", False, "the class has a sequential residual"),
             use_qk_layernorm=only("use_qk_layernorm", False, NO_QK_NORM),
             layer_attention_types=ATTENTION_RULE,
+            sliding_window_width=NO_WINDOW,
+            use_bias_in_qkv=QKV_BIAS_RULE,
+            moe_num_experts=NO_MOE,
         ),
         free=frozenset(
             {
@@ -190,7 +215,7 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
 
 def unclassified(spec: HFConfigSpec, args_type: type = ModelArgs) -> list[str]:
     """`ModelArgs` fields the spec says nothing about (each must be classified)."""
-    known = NEUTRAL | CARRIED | spec.free | set(spec.rules)
+    known = NEUTRAL | CARRIED | MOE_DEPENDENT | spec.free | set(spec.rules)
     return [f.name for f in dataclasses.fields(args_type) if f.name not in known]
 
 
@@ -224,7 +249,8 @@ def hf_config(args: ModelArgs, arch: str, vocab_size: int | None = None) -> dict
             f"this model cannot be exported as Hugging Face {HF_CONFIGS[arch].hf_class}: "
             + "; ".join(problems)
         )
-    return dict(
+    spec = HF_CONFIGS[arch]
+    config = dict(
         vocab_size=vocab_size or args.vocab_size,
         hidden_size=args.hidden_size,
         num_hidden_layers=args.num_layers,
@@ -240,5 +266,6 @@ def hf_config(args: ModelArgs, arch: str, vocab_size: int | None = None) -> dict
             "rope_theta": float(args.rotary_emb_base),
             "partial_rotary_factor": args.rotary_pct,
         },
-        **HF_CONFIGS[arch].fields(args),
     )
+    config.update(spec.fields(args))  # may refine a shared argument
+    return {k: v for k, v in config.items() if k not in spec.omit}

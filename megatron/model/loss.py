@@ -1,9 +1,17 @@
 """The language-model loss, shared by the pipeline and the plain model.
 
-`loss_fn(logits, (labels, loss_mask), tp_group=...)`: the mean over unmasked tokens of the
-vocab-parallel cross entropy. Built models carry it bound to their tensor-parallel group as
-`model.loss_fn` (DeepSpeed's pipeline engine calls `module.loss_fn(outputs, labels)`; a plain
-training loop calls `model.loss_fn(model(tokens, position_ids), (labels, loss_mask))`).
+`loss_fn(logits, (labels, loss_mask), tp_group=..., z_loss=...)`: the mean over unmasked tokens
+of the vocab-parallel cross entropy, plus, with `z_loss` > 0, PaLM's z-loss: the coefficient
+times the mean over the same tokens of `logsumexp(logits)²` (it pulls the softmax normaliser
+towards 1 without changing the probabilities). Built models carry it bound to their
+tensor-parallel group and the config's `z_loss` as `model.loss_fn` (DeepSpeed's pipeline engine
+calls `module.loss_fn(outputs, labels)`; a plain training loop calls
+`model.loss_fn(model(tokens, position_ids), (labels, loss_mask))`), so the loss a run reports
+includes the z-loss term.
+
+GPT-NeoX's `z_loss` key exists only for its reward-model objective (`train_impl: rm`, not built
+here), where it squares the rewards; for language-model training it has no effect there. Here
+the key is the PaLM term on the output logits described above.
 """
 
 from __future__ import annotations
@@ -11,29 +19,53 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 
-from megatron.parallel import vocab_parallel_cross_entropy
+from megatron.parallel import reduce_from_tensor_parallel_region, vocab_parallel_cross_entropy
+from megatron.parallel.comm import group_size
 
 
-def loss_fn(logits: torch.Tensor, labels, *, tp_group=None) -> torch.Tensor:
-    """Masked mean cross entropy.
+def vocab_parallel_logsumexp(logits: torch.Tensor, tp_group=None) -> torch.Tensor:
+    """fp32 `logsumexp` over the full vocabulary of logits split over `tp_group`: `(b, s)`."""
+    x = logits.float()
+    peak = x.max(dim=-1).values.detach()  # any shift is exact; the max keeps exp() in range
+    if group_size(tp_group) > 1:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=tp_group)
+    total = (x - peak.unsqueeze(-1)).exp().sum(dim=-1)
+    return reduce_from_tensor_parallel_region(total, tp_group).log() + peak
+
+
+def _masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    mask = loss_mask.reshape(-1).float()
+    total = mask.sum()
+    return (values.reshape(-1) * mask).sum() / torch.where(total > 0, total, 1.0)
+
+
+def loss_fn(logits: torch.Tensor, labels, *, tp_group=None, z_loss: float = 0.0) -> torch.Tensor:
+    """Masked mean cross entropy (plus the z-loss term when `z_loss` > 0).
 
     Args:
         logits: `(b, s, V/tp)` this rank's vocabulary slice.
         labels: `(labels, loss_mask)`: int64 `(b, s)` targets and float `(b, s)` weights
             (1 for tokens that count, 0 for padding/document boundaries).
         tp_group: the tensor-parallel group the vocabulary is split over (None: not split).
+        z_loss: coefficient of `mean(logsumexp(logits)²)` over the same tokens.
 
     Returns:
         fp32 scalar `sum(loss * mask) / sum(mask)` (0 when the mask is all zero).
     """
     targets, loss_mask = labels
     losses = vocab_parallel_cross_entropy(logits, targets, tp_group)  # (b, s) fp32
-    mask = loss_mask.reshape(-1).float()
-    total = mask.sum()
-    return (losses.reshape(-1) * mask).sum() / torch.where(total > 0, total, 1.0)
+    loss = _masked_mean(losses, loss_mask)
+    if z_loss:
+        loss = loss + z_loss * _masked_mean(
+            vocab_parallel_logsumexp(logits, tp_group).square(), loss_mask
+        )
+    return loss
 
 
-def bound_loss_fn(tp_group=None):
-    """`loss_fn` with its tensor-parallel group bound (keeps `__name__` for DeepSpeed's log)."""
-    return functools.update_wrapper(functools.partial(loss_fn, tp_group=tp_group), loss_fn)
+def bound_loss_fn(tp_group=None, z_loss: float = 0.0):
+    """`loss_fn` with its tensor-parallel group and z-loss coefficient bound (keeps `__name__`
+    for DeepSpeed's log)."""
+    bound = functools.partial(loss_fn, tp_group=tp_group, z_loss=z_loss)
+    return functools.update_wrapper(bound, loss_fn)

@@ -15,7 +15,6 @@ from tests.unit.config.conftest import MINIMAL
 # source; the classification must accept exactly these.
 NEOX_DEFAULTS = {
     "expansion_factor": None,
-    "sliding_window_width": None,
     "layernorm_fusion": False,
     "rmsnorm_fusion": False,
     "rpe_num_buckets": 32,
@@ -41,20 +40,6 @@ NEOX_DEFAULTS = {
     "bias_dropout_fusion": False,
     "fp16_lm_cross_entropy": False,
     "bias_gelu_fusion": False,
-    "expert_interval": 2,
-    "moe_top_k": 1,
-    "moe_num_experts": 1,
-    "moe_train_capacity_factor": 1.0,
-    "moe_eval_capacity_factor": 1.0,
-    "moe_min_capacity": 4,
-    "moe_token_dropping": False,
-    "moe_use_residual": True,
-    "moe_expert_parallel_size": 1,
-    "moe_type": "megablocks",
-    "moe_glu": False,
-    "moe_lbl_in_fp32": False,
-    "moe_jitter_eps": None,
-    "enable_expert_tensor_parallelism": False,
     "use_bnb_optimizer": False,
     "train_impl": "normal",
     "dataset_impl": "gpt2",
@@ -66,7 +51,6 @@ NEOX_DEFAULTS = {
     "kto_desirable_weight": 1.0,
     "kto_undesirable_weight": 1.0,
     "kto_beta": 0.1,
-    "z_loss": 0.0,
     "allow_chopped": True,
     "short_seq_prob": 0.1,
     "lazy_mpu_init": False,
@@ -105,7 +89,6 @@ NEOX_DEFAULTS = {
     "use_comet": None,
     # GPT-NeoX 2025 (MoE group and REINFORCE, online data, weight serving)
     "moe_expert_interval": 1,
-    "moe_router_type": "sinkhorn",
     "fp32_reinforce": True,
     "kl_impl": "mse",
     "kl_div_beta": 0.1,
@@ -186,10 +169,8 @@ def test_every_unimplemented_key_has_a_class_and_advice():
 @pytest.mark.parametrize(
     "text, key",
     [
-        ("moe_num_experts: 8\n", "moe_num_experts"),
+        ("moe_num_experts: 8\nmoe_loss_coeff: 0.5\n", "moe_loss_coeff"),
         ("train_impl: dpo\n", "train_impl"),
-        ("z_loss: 0.001\n", "z_loss"),
-        ("sliding_window_width: 4096\n", "sliding_window_width"),
         ("use_mup: true\n", "use_mup"),
         ("num_unique_layers: 1\n", "num_unique_layers"),
         ("soft_prompt_tuning: {enabled: true, num_tokens: 10}\n", "soft_prompt_tuning"),
@@ -211,8 +192,8 @@ def test_keys_that_change_the_run_are_refused_naming_key_and_file(write, text, k
 
 
 def test_keys_of_planned_features_say_so(write):
-    with pytest.raises(ConfigError, match=r"moe_num_experts.*\(planned, not built yet\)"):
-        _load(write, "moe_num_experts: 8\nmoe_top_k: 2\n")
+    with pytest.raises(ConfigError, match=r"moe_loss_coeff.*\(planned, not built yet\)"):
+        _load(write, "moe_num_experts: 8\nmoe_loss_coeff: 0.5\n")
     with pytest.raises(ConfigError, match=r"train_impl.*\(planned, not built yet\)"):
         _load(write, "train_impl: kto\n")
 
@@ -225,16 +206,18 @@ def test_every_refusal_is_reported_at_once(write):
 
 def test_neox_default_values_pass_silently(write):
     warn: list[str] = []
-    text = "moe_num_experts: 1\ntrain_impl: normal\nz_loss: 0\noutput_layer_parallelism: column\n"
+    text = "moe_loss_coeff: 0.1\ntrain_impl: normal\noutput_layer_parallelism: column\n"
     cfg = _load(write, text + "allow_chopped: true\nhysteresis: 2\nuse_mup: false\n", warn=warn)
     assert warn == []
-    assert cfg.unimplemented["moe_num_experts"] == 1 and cfg.unimplemented["z_loss"] == 0
+    assert (
+        cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["train_impl"] == "normal"
+    )
 
 
 def test_dependent_keys_without_their_feature_warn(write):
     warn: list[str] = []
-    cfg = _load(write, "moe_top_k: 2\ndpo_beta: 0.5\nrpe_num_buckets: 64\n", warn=warn)
-    assert cfg.unimplemented == {"moe_top_k": 2, "dpo_beta": 0.5, "rpe_num_buckets": 64}
+    cfg = _load(write, "moe_loss_coeff: 0.5\ndpo_beta: 0.5\nrpe_num_buckets: 64\n", warn=warn)
+    assert cfg.unimplemented == {"moe_loss_coeff": 0.5, "dpo_beta": 0.5, "rpe_num_buckets": 64}
     assert len(warn) == 3 and all("run.yml" in w and "no effect without" in w for w in warn)
     assert any("moe_num_experts > 1" in w for w in warn)
 

@@ -120,6 +120,8 @@ def test_config_values_reach_the_model_args():
     )
     args = ModelArgs.from_config(cfg)
     for f in dataclasses.fields(ModelArgs):
-        if f.name not in ("vocab_size", "softmax_fusion"):
+        if f.name not in ("vocab_size", "softmax_fusion", "head_dim"):
             assert getattr(args, f.name) == cfg.get(f.name), f.name
+    # A null head_dim is resolved to hidden_size / num_attention_heads.
+    assert cfg.get("head_dim") is None and args.head_dim == args.hidden_size // 4
     assert (args.pipe_parallel_size, args.pipe_partition_method, args.seed) == (2, "uniform", 7)
