@@ -19,6 +19,7 @@ from megatron.config.launcher import LauncherConfig
 from megatron.config.logging import LoggingConfig
 from megatron.config.lr import LRConfig
 from megatron.config.model import ModelConfig
+from megatron.config.moe import MoEConfig
 from megatron.config.optimizer import OptimizerConfig
 from megatron.config.parallel import ParallelConfig
 from megatron.config.precision import PrecisionConfig
@@ -27,6 +28,7 @@ from megatron.config.training import TrainingConfig
 
 GROUPS: dict[str, type] = {
     "model": ModelConfig,
+    "moe": MoEConfig,
     "parallel": ParallelConfig,
     "optimizer": OptimizerConfig,
     "lr": LRConfig,
@@ -62,6 +64,7 @@ class Config:
     """The whole resolved configuration of a run. Frozen: run state lives elsewhere."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr: LRConfig = field(default_factory=LRConfig)

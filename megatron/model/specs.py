@@ -79,8 +79,9 @@ def layer_prefix(args: ModelArgs, part: str, layer: int = 0) -> str:
     return f"{layer_index(args, part, layer)}."
 
 
-def gpt_layer_specs(args: ModelArgs, tp_group=None) -> list[LayerSpec]:
-    """The spec list of the table above."""
+def gpt_layer_specs(args: ModelArgs, tp_group=None, ep_group=None) -> list[LayerSpec]:
+    """The spec list of the table above (`ep_group`: the expert-parallel group of MoE
+    layers)."""
     seed = args.seed
     if args.tied_embeddings:
         embedding = SeededTiedLayerSpec(
@@ -105,7 +106,7 @@ def gpt_layer_specs(args: ModelArgs, tp_group=None) -> list[LayerSpec]:
     ]
     for i in range(args.num_layers):
         layer_seed = seed + layer_index(args, "layer", i)
-        specs.append(SeededLayerSpec(layer_seed, layer_cls, args, i, tp_group))
+        specs.append(SeededLayerSpec(layer_seed, layer_cls, args, i, tp_group, ep_group))
     specs.append(
         SeededLayerSpec(seed + layer_index(args, "final_norm"), FinalNormPipe, args, tp_group)
     )

@@ -28,14 +28,14 @@ from torch import nn
 from megatron.model.args import ModelArgs
 from megatron.model.attention import ParallelSelfAttention
 from megatron.model.attention_backends import tensor_parallel_dropout_context
-from megatron.model.mlp import build_mlp
+from megatron.model.moe import build_layer_mlp
 from megatron.model.norms import build_norm
 
 
 class TransformerLayer(nn.Module):
     """Pre-norm layer with a sequential residual (attention, then MLP)."""
 
-    def __init__(self, args: ModelArgs, layer_index: int, tp_group=None):
+    def __init__(self, args: ModelArgs, layer_index: int, tp_group=None, ep_group=None):
         super().__init__()
         sp = args.sequence_parallel
         self.layer_index = layer_index
@@ -45,7 +45,7 @@ class TransformerLayer(nn.Module):
         self.input_layernorm = build_norm(args, sequence_parallel=sp)
         self.attention = ParallelSelfAttention(args, layer_index, tp_group)
         self.post_attention_layernorm = self.build_post_attention_norm(args)
-        self.mlp = build_mlp(args, tp_group)
+        self.mlp = build_layer_mlp(args, layer_index, tp_group, ep_group)  # dense or experts
 
     def build_post_attention_norm(self, args: ModelArgs) -> nn.Module | None:
         return build_norm(args, sequence_parallel=args.sequence_parallel)

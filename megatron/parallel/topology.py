@@ -11,6 +11,12 @@ parallel, then pipeline stages. Pass `topology.ds_topology` to DeepSpeed's `Pipe
 Example, world 8 with tp=2, pp=2 (so dp=2): rank = pp_rank*4 + dp_rank*2 + tp_rank, i.e.
 tensor groups [0,1] [2,3] [4,5] [6,7], data groups [0,2] [1,3] [4,6] [5,7], pipelines [0,4]
 [1,5] [2,6] [3,7].
+
+Expert parallelism (`ep_size`, mixture of experts) carves groups of `ep_size` consecutive
+members out of each data-parallel group: with dp 4 = ranks [0,1,2,3] and ep 2, the expert-
+parallel groups are [0,1] [2,3] (the experts of a MoE layer are split over them) and the
+expert-data-parallel groups [0,2] [1,3] (ranks holding the same experts, over which expert
+gradients are reduced).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from megatron.parallel.mpu import DeepSpeedMpuMixin
 
 # Every rank creates every group in this order (group creation is collective).
-_GROUP_AXES = ("data", "pipe", "model", "replica")
+_GROUP_AXES = ("data", "pipe", "model", "replica", "expert", "expert_data")
 
 
 def _dist_ready() -> bool:
@@ -72,14 +78,19 @@ class ParallelTopology(DeepSpeedMpuMixin):
             must then equal it), else 1. Given without `torch.distributed`, it lets a launcher
             or config check validate a layout without processes; no groups exist then.
         rank: this process's global rank; defaults like `world_size` (0 without dist).
+        ep_size: expert-parallel size (config key `moe_expert_parallel_size`); divides dp.
 
     Attributes: `world_size, tp_size, pp_size, dp_size, rank, tp_rank, pp_rank, dp_rank`;
     `tp_ranks, pp_ranks, dp_ranks` (global ranks of this rank's groups, in group order);
-    `tp_group, pp_group, dp_group` (None when that size is 1 or dist is not initialised: the
-    layers read `tp_group=None` as "no tensor parallelism"); `ds_topology`.
+    `ep_size, ep_rank, ep_ranks, edp_ranks` (mixture of experts, see the module docstring);
+    `tp_group, pp_group, dp_group, ep_group, edp_group` (None when that size is 1 or dist is
+    not initialised: the layers read `tp_group=None` as "no tensor parallelism");
+    `ds_topology`.
     """
 
-    def __init__(self, tp_size: int = 1, pp_size: int = 1, world_size=None, *, rank=None):
+    def __init__(
+        self, tp_size: int = 1, pp_size: int = 1, world_size=None, *, rank=None, ep_size: int = 1
+    ):
         self.tp_size = _check_int("model_parallel_size", tp_size, 1)
         self.pp_size = _check_int("pipe_parallel_size", pp_size, 0) or 1
         self.world_size = _resolve_world_size(world_size)
@@ -103,6 +114,15 @@ class ParallelTopology(DeepSpeedMpuMixin):
         self.tp_ranks = self._members("model")
         self.pp_ranks = self._members("pipe")
         self.dp_ranks = self._members("data")
+        self.ep_size = _check_int("moe_expert_parallel_size", ep_size, 1)
+        if self.dp_size % self.ep_size:
+            raise ValueError(
+                f"moe_expert_parallel_size {self.ep_size} must divide the data-parallel size "
+                f"{self.dp_size}: expert-parallel groups are carved from data-parallel ranks"
+            )
+        self.ep_rank = self.dp_rank % self.ep_size
+        self.ep_ranks = self._members("expert")
+        self.edp_ranks = self._members("expert_data")
         self._groups = self._create_groups() if _dist_ready() else {}
 
     @classmethod
@@ -114,16 +134,31 @@ class ParallelTopology(DeepSpeedMpuMixin):
         """
         par = cfg.parallel
         world_size = None if _dist_ready() else getattr(par, "world_size", None)
+        moe = getattr(cfg, "moe", None)
         return cls(
             tp_size=par.model_parallel_size,
             pp_size=par.pipe_parallel_size,
             world_size=world_size,
+            ep_size=getattr(moe, "moe_expert_parallel_size", 1),
         )
 
     def _comm_lists(self, axis: str) -> list[list[int]]:
         if axis == "replica":  # pipe x model ranks of one data-parallel index
             return [sorted(self.ds_topology.filter_match(data=d)) for d in range(self.dp_size)]
+        if axis in ("expert", "expert_data"):
+            return self._expert_lists(axis == "expert")
         return self.ds_topology.get_axis_comm_lists(axis)
+
+    def _expert_lists(self, expert: bool) -> list[list[int]]:
+        """Expert-parallel groups (consecutive runs of `ep_size` in each data-parallel group)
+        or expert-data-parallel groups (every `ep_size`-th member of one)."""
+        ep, lists = self.ep_size, []
+        for dp_ranks in self.ds_topology.get_axis_comm_lists("data"):
+            if expert:
+                lists += [dp_ranks[i : i + ep] for i in range(0, len(dp_ranks), ep)]
+            else:
+                lists += [dp_ranks[i::ep] for i in range(ep)]
+        return lists
 
     def _members(self, axis: str) -> list[int]:
         return next(ranks for ranks in self._comm_lists(axis) if self.rank in ranks)
@@ -162,6 +197,17 @@ class ParallelTopology(DeepSpeedMpuMixin):
     def dp_group(self):
         """The data-parallel group (same shard, different data), or None when dp is 1."""
         return self._group_if_parallel("data", self.dp_size)
+
+    @property
+    def ep_group(self):
+        """The expert-parallel group (ranks sharing out the experts), or None when ep is 1."""
+        return self._group_if_parallel("expert", self.ep_size)
+
+    @property
+    def edp_group(self):
+        """The expert-data-parallel group (ranks holding the same experts), or None when it
+        has one rank."""
+        return self._group_if_parallel("expert_data", self.dp_size // self.ep_size)
 
     @property
     def is_first_stage(self) -> bool:

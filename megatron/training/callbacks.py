@@ -70,7 +70,8 @@ class LoggingCallback(Callback):
         self.grad_norms = grad_norms  # a GradNormRecorder, with log_grad_norm
 
     def after_step(self, loop):
-        self.monitor.step(loop.last_loss, loop.last_applied)
+        extras = getattr(loop.steps, "moe_losses", None)  # router losses of MoE models
+        self.monitor.step(loop.last_loss, loop.last_applied, extras)
         if loop.state.iteration % self.interval == 0:
             self._log(loop)
 

@@ -20,6 +20,7 @@ from megatron.training.fp16_scaler import install_loss_scaler
 from megatron.training.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
 from megatron.training.model_setup import build_model_for_engine
+from megatron.training.moe_grads import install_expert_grad_reduction, register_expert_groups
 from megatron.training.optim import OneBitAdam
 from megatron.training.optimizers import build_optimizer_from_config, check_parameter_shapes
 
@@ -48,6 +49,7 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     optimizer, _ = build_optimizer_from_config(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
+    register_expert_groups(topology)  # before initialize: it broadcasts experts over them
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
@@ -59,6 +61,7 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
     if isinstance(optimizer, OneBitAdam):
         optimizer.attach_engine(engine, topology.dp_group)
     install_loss_scaler(engine)
+    install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)
 

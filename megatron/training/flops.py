@@ -11,7 +11,11 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
         scores and mixing   2 · 2 · s · nq · d                (full s × s: see below)
         output projection   2 · nq · d · h
         MLP                 2 · h · f · (3 if gated else 2)   f = inner width per branch
+        MoE layer's MLP     k · (expert MLP as above) + 2 · h · E (router)
     logits                  2 · h · V_padded
+
+A mixture-of-experts layer (every `expert_interval`-th) counts the `k` experts each token
+runs (tokens dropped over capacity are still counted) and its router, not all `E` experts.
 
 Causal attention is counted in full (the whole `s × s` score matrix), as Megatron, GPT-NeoX
 and PaLM's MFU do and as `torch.utils.flop_counter` counts both explicit-softmax attention and
@@ -33,6 +37,7 @@ import torch
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
 from megatron.model.mlp import mlp_inner_size
+from megatron.model.moe import is_moe_layer
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per device by matmul precision: bf16/fp16 tensor
 # cores, TF32 tensor cores, and IEEE fp32. Matched against torch.cuda.get_device_name() in this
@@ -71,6 +76,11 @@ class ModelShape:
     mlp_inner_size: int
     """Inner width of one MLP branch, as `megatron/model/mlp.py` builds it."""
     gated_mlp: bool
+    moe_layers: int = 0
+    """Layers whose MLP is a mixture of experts."""
+    moe_num_experts: int = 1
+    moe_top_k: int = 1
+    gated_experts: bool = False
 
     @classmethod
     def from_args(cls, args: ModelArgs) -> ModelShape:
@@ -85,6 +95,10 @@ class ModelShape:
             vocab_size=args.vocab_size,
             mlp_inner_size=mlp_inner_size(args),
             gated_mlp=build_activation(args.activation).gated,
+            moe_layers=sum(is_moe_layer(args, i) for i in range(args.num_layers)),
+            moe_num_experts=args.moe_num_experts,
+            moe_top_k=args.moe_top_k,
+            gated_experts=build_activation(args.activation).gated or args.moe_glu,
         )
 
 
@@ -101,8 +115,14 @@ def forward_flops_per_token(shape: ModelShape) -> float:
     attention = 2 * 2 * s * q_width  # q k^T and probs v, each (s × d) · (d × s) per head
     dense = 2 * q_width * h
     mlp = 2 * h * shape.mlp_inner_size * (3 if shape.gated_mlp else 2)
+    expert = 2 * h * shape.mlp_inner_size * (3 if shape.gated_experts else 2)
+    moe = shape.moe_top_k * expert + 2 * h * shape.moe_num_experts
     logits = 2 * h * shape.vocab_size
-    return float(shape.num_layers * (qkv + attention + dense + mlp) + logits)
+    dense_layers = shape.num_layers - shape.moe_layers
+    per_layer = qkv + attention + dense
+    return float(
+        shape.num_layers * per_layer + dense_layers * mlp + shape.moe_layers * moe + logits
+    )
 
 
 def training_flops_per_token(shape: ModelShape) -> float:

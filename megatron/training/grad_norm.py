@@ -10,7 +10,9 @@ which counts every gradient once:
   tensor-parallel rank 0 only;
 * a tied parameter's copy on a later pipeline stage (`ds_pipe_replicated`) not at all;
 * summed (of squares) over the tensor- and pipeline-parallel groups; data-parallel replicas
-  hold the same averaged gradients, so they are not summed.
+  hold the same averaged gradients, so they are not summed; mixture-of-experts experts
+  (`expert_parallel`) are summed over the expert-parallel group, whose ranks hold different
+  experts.
 """
 
 from __future__ import annotations
@@ -28,23 +30,33 @@ STEP_GRAD_NORM = "megatron_step_grad_norm"
 
 def global_grad_norm(parameters, topology) -> torch.Tensor:
     """2-norm of all gradients of the model (collective over tp and pp)."""
-    grads = [
-        p.grad.detach()
+    parameters = list(parameters)
+    counted = [
+        p
         for p in parameters
         if p.grad is not None
         and not getattr(p, "ds_pipe_replicated", False)
         and (topology.tp_rank == 0 or is_tensor_parallel(p))
     ]
-    if grads:
-        norms = torch._foreach_norm(grads)  # one fused pass over all gradients
-        square = torch.stack([n.float() for n in norms]).square().sum()
-    else:
-        device = next((p.device for p in parameters), torch.device("cpu"))
-        square = torch.zeros((), dtype=torch.float32, device=device)
+    device = next((p.device for p in parameters), torch.device("cpu"))
+    # Experts differ over the expert-parallel group (each rank holds its own): summed there.
+    experts = [p.grad.detach() for p in counted if getattr(p, "expert_parallel", False)]
+    dense = [p.grad.detach() for p in counted if not getattr(p, "expert_parallel", False)]
+    square, expert_square = _square_sum(dense, device), _square_sum(experts, device)
+    if getattr(topology, "ep_group", None) is not None:
+        dist.all_reduce(expert_square, group=topology.ep_group)
+    square = square + expert_square
     for group in (topology.tp_group, topology.pp_group):
         if group is not None:
             dist.all_reduce(square, group=group)
     return square.sqrt()
+
+
+def _square_sum(grads, device) -> torch.Tensor:
+    if not grads:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    norms = torch._foreach_norm(grads)  # one fused pass over all gradients
+    return torch.stack([n.float() for n in norms]).square().sum()
 
 
 def clip_by_global_norm(parameters, max_norm: float, topology, norm=None) -> torch.Tensor:

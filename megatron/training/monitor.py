@@ -7,6 +7,9 @@ interval.
 The interval's loss is the mean over its applied steps (a skipped fp16 overflow step does not
 count, as in Megatron and GPT-NeoX), or over all its steps when none was applied; an inf/NaN
 loss in the interval is shown as it is, never averaged away or logged as a blank.
+
+Extra per-step figures (`step(..., extras={"moe_aux_loss": ...})`, the mixture-of-experts
+router losses) are logged as their mean over the interval's steps, under their own names.
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ class TrainMonitor:
         self.applied = 0
         self.skipped = 0
         self.steps = 0
+        self.extras: dict[str, float] = {}
 
-    def step(self, loss: float, applied: bool) -> None:
+    def step(self, loss: float, applied: bool, extras: dict | None = None) -> None:
         self.steps += 1
+        for name, value in (extras or {}).items():
+            self.extras[name] = self.extras.get(name, 0.0) + value
         self.all_loss_sum += loss
         if not math.isfinite(loss) and self.nonfinite_loss is None:
             self.nonfinite_loss = loss
@@ -89,6 +95,8 @@ class TrainMonitor:
             "elapsed_s": now - self.start,
             "eta_s": max(0, self.train_iters - iteration) * per_step,
         }
+        for name, total in self.extras.items():
+            record[name] = total / max(self.steps, 1)
         for name, ms in (timers or {}).items():
             record[f"time/{name}"] = ms
         self._reset(now)

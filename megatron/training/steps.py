@@ -6,7 +6,8 @@ over micro-batches and data-parallel ranks). `PlainSteps` drives the ordinary en
 0-3): forward, `loss_fn`, backward and `step` per micro-batch, then the same averaging.
 Both return the loss as a Python float, equal on every rank. During a train step,
 `local_loss()` is this rank's summed loss of the global batch so far (what the non-finite
-step check, `nonfinite.py`, reads just before the optimizer step).
+step check, `nonfinite.py`, reads just before the optimizer step). With mixture-of-experts
+layers, `moe_losses` holds the last train step's router losses for the log (`moe_grads.py`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron.training.moe_grads import moe_loss_record, prepare_moe_step
+
 
 class EngineSteps:
     """Train and evaluate one global batch with a DeepSpeed engine."""
 
-    def __init__(self, engine, dp_group=None, dp_size: int = 1):
+    def __init__(self, engine, dp_group=None, dp_size: int = 1, topology=None):
         self.engine = engine
         self.dp_group = dp_group
         self.dp_size = dp_size
+        self.topology = topology
+        self.moe_losses: dict[str, float] = {}
+
+    def _before_train_step(self) -> None:
+        prepare_moe_step(self.engine.module, self.engine.gradient_accumulation_steps())
+
+    def _after_train_step(self) -> None:
+        if self.topology is not None:
+            self.moe_losses = moe_loss_record(self.engine.module, self.topology)
 
     def train_step(self, batches) -> float:
         raise NotImplementedError
@@ -43,7 +55,10 @@ class PipelineSteps(EngineSteps):
     """DeepSpeed's `PipelineEngine`."""
 
     def train_step(self, batches) -> float:
-        return float(self.engine.train_batch(data_iter=batches))
+        self._before_train_step()
+        loss = float(self.engine.train_batch(data_iter=batches))
+        self._after_train_step()
+        return loss
 
     def eval_step(self, batches) -> float:
         return float(self.engine.eval_batch(data_iter=batches))
@@ -55,8 +70,8 @@ class PipelineSteps(EngineSteps):
 class PlainSteps(EngineSteps):
     """DeepSpeed's ordinary engine over the plain `GPTModel`."""
 
-    def __init__(self, engine, dp_group=None, dp_size: int = 1):
-        super().__init__(engine, dp_group, dp_size)
+    def __init__(self, engine, dp_group=None, dp_size: int = 1, topology=None):
+        super().__init__(engine, dp_group, dp_size, topology)
         self._loss_so_far = torch.zeros((), dtype=torch.float32)
 
     def local_loss(self):
@@ -73,12 +88,14 @@ class PlainSteps(EngineSteps):
         engine = self.engine
         total = self._loss_so_far = torch.zeros((), dtype=torch.float32)
         steps = engine.gradient_accumulation_steps()
+        self._before_train_step()
         for _ in range(steps):
             (tokens, positions), labels = next(batches)
             loss = engine.module.loss_fn(engine(tokens, positions), labels)
             engine.backward(loss)
             total += loss.detach().float().cpu()  # before step(): the last one may update
             engine.step()
+        self._after_train_step()
         return self._mean_over_data_parallel(total, steps)
 
     @torch.no_grad()
@@ -100,4 +117,4 @@ def engine_steps(engine, topology) -> EngineSteps:
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     cls = PipelineSteps if isinstance(engine, PipelineEngine) else PlainSteps
-    return cls(engine, topology.dp_group, topology.dp_size)
+    return cls(engine, topology.dp_group, topology.dp_size, topology)

@@ -1,0 +1,145 @@
+"""Mixture-of-experts settings (`cfg.moe`), in GPT-NeoX's vocabulary.
+
+`moe_num_experts > 1` replaces the MLP of every `expert_interval`-th transformer layer (layer
+`i`, 0-based, when `i % expert_interval == 0`, as GPT-NeoX counts) with a routed mixture of
+experts (`megatron/model/moe.py`). Defaults are GPT-NeoX's. `validate_moe` refuses the values
+that are not built, naming the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.config.schema import ConfigError
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    moe_num_experts: int = 1
+    """Experts per MoE layer; 1 keeps every MLP dense."""
+
+    moe_type: Literal["megablocks", "deepspeed"] = "megablocks"
+    """GPT-NeoX's MoE implementation. Only `megablocks` (the default: routed experts without
+    DeepSpeed's MoE layer) is built; `deepspeed` (DeepSpeed's MoE layer, with PR-MoE via
+    `moe_use_residual`) is refused."""
+
+    moe_top_k: int = 1
+    """Experts each token is sent to (token-choice routing)."""
+
+    moe_router_type: Literal["sinkhorn", "topk"] = "sinkhorn"
+    """`topk`: softmax over the router logits, then the top-k experts. `sinkhorn` (GPT-NeoX's
+    default, Megatron's Sinkhorn router): in training the experts are chosen by top-k of the
+    Sinkhorn-balanced logits and weighted by sigmoid (k = 1) or softmax (k > 1) of the raw
+    logits; in evaluation plain top-k of those. The load-balancing loss applies to `topk`
+    only (Sinkhorn balances by construction, as in Megatron)."""
+
+    moe_router_weights: Literal["softmax", "softmax_renormalized", "topk_softmax"] = "softmax"
+    """How a `topk` router weights its k experts: `softmax` (GPT-NeoX, Switch): the experts'
+    softmax probabilities over all experts, not renormalised; `softmax_renormalized`
+    (Mixtral): those probabilities divided by their sum over the k chosen; `topk_softmax`:
+    softmax over the k chosen logits only (equal to `softmax_renormalized`)."""
+
+    moe_lbl_in_fp32: bool = False
+    """Compute the router softmax and the load-balancing/z losses in fp32."""
+
+    moe_jitter_eps: float | None = None
+    """In training, multiply the router's input by uniform noise in [1 - eps, 1 + eps]
+    (`topk` router); null: no jitter."""
+
+    moe_glu: bool = False
+    """Gated experts: `act(x W_gate) * (x W_up)`. Experts are also gated when the model's
+    activation is a GLU (swiglu, geglu, ...)."""
+
+    moe_token_dropping: bool = False
+    """Drop the assignments beyond each expert's capacity (see the capacity keys); false
+    (GPT-NeoX's default) is dropless: every routed token is computed."""
+
+    moe_use_residual: bool = True
+    """PR-MoE residual MLP of `moe_type: deepspeed`. GPT-NeoX's `megablocks` layers do not
+    read it, so it has no effect here (the `deepspeed` type is refused)."""
+
+    moe_train_capacity_factor: float = 1.0
+    """Capacity per expert in training, with token dropping:
+    `max(moe_min_capacity, ceil(tokens * top_k / experts * factor))`, tokens per rank."""
+
+    moe_eval_capacity_factor: float = 1.0
+    """Capacity factor in evaluation (see `moe_train_capacity_factor`)."""
+
+    moe_min_capacity: int = 4
+    """Smallest capacity per expert, with token dropping."""
+
+    moe_aux_loss_coeff: float = 0.1
+    """Weight of the Switch load-balancing loss `E * sum_e f_e * P_e` (f_e: fraction of the
+    top-k assignments to expert e, P_e: mean router probability of e), per MoE layer."""
+
+    moe_z_loss_coeff: float = 0.0
+    """Weight of the ST-MoE router z-loss `mean(logsumexp(router logits)^2)`, per MoE layer."""
+
+    moe_expert_parallel_size: int = 1
+    """Ranks the experts are sharded over: groups of this many data-parallel ranks (it must
+    divide the data-parallel size and the number of experts)."""
+
+    enable_expert_tensor_parallelism: bool = False
+    """Shard each expert over the tensor-parallel ranks. Not built: experts are whole on each
+    rank of their expert-parallel group (true is refused)."""
+
+    expert_interval: int = 2
+    """Every `expert_interval`-th layer, counting from layer 0, is a MoE layer."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate_moe(cfg) -> None:
+    """Refuse MoE values that are not built or do not fit the parallel layout."""
+    m, e = cfg.moe, cfg.moe.moe_num_experts
+    _check(isinstance(e, int) and e >= 1, f"moe_num_experts must be >= 1, got {e!r}")
+    if e == 1:
+        return
+    _check(
+        m.moe_type == "megablocks",
+        f"moe_type '{m.moe_type}' is not built; use moe_type: megablocks (the default)",
+    )
+    _check(
+        1 <= m.moe_top_k <= e,
+        f"moe_top_k {m.moe_top_k} must be between 1 and moe_num_experts ({e})",
+    )
+    _check(m.expert_interval >= 1, f"expert_interval must be >= 1, got {m.expert_interval}")
+    _check(
+        not m.enable_expert_tensor_parallelism,
+        "enable_expert_tensor_parallelism: true is not built; experts are replicated over "
+        "tensor-parallel ranks here (set it to false)",
+    )
+    _check(m.moe_min_capacity >= 1, f"moe_min_capacity must be >= 1, got {m.moe_min_capacity}")
+    for key in ("moe_train_capacity_factor", "moe_eval_capacity_factor"):
+        _check(getattr(m, key) > 0, f"{key} must be > 0, got {getattr(m, key)}")
+    jitter = m.moe_jitter_eps
+    _check(jitter is None or 0 <= jitter < 1, f"moe_jitter_eps must be in [0, 1), got {jitter}")
+    ep, dp = m.moe_expert_parallel_size, cfg.parallel.data_parallel_size
+    _check(
+        ep >= 1 and e % ep == 0, f"moe_expert_parallel_size {ep} must divide moe_num_experts {e}"
+    )
+    _check(
+        dp is None or dp % ep == 0,
+        f"moe_expert_parallel_size {ep} must divide the data-parallel size {dp}",
+    )
+    _check(
+        not cfg.parallel.sequence_parallel,
+        "sequence_parallel with moe_num_experts > 1 is not built; set sequence_parallel: false",
+    )
+    _check(
+        cfg.precision.dtype != "fp16",
+        "moe_num_experts > 1 with fp16 is not built (the router losses are not loss-scaled); "
+        "use bf16 or fp32",
+    )
+    if ep > 1:
+        stage = cfg.parallel.zero_stage
+        _check(
+            stage == 0,
+            f"moe_expert_parallel_size {ep} with ZeRO stage {stage} is not built (expert "
+            "gradients are reduced over the expert-data-parallel group only without ZeRO); "
+            "use zero_optimization.stage 0 or moe_expert_parallel_size 1",
+        )

@@ -1,0 +1,147 @@
+"""Mixture-of-experts routing: routers, expert capacity, token dropping and the router losses.
+
+A router maps this rank's tokens `(T, h)` to `Route`: for each token its `k` experts
+(`indices`, int64 `(T, k)`) and their weights (`(T, k)`), with the router logits and the
+softmax probabilities over all experts that the losses read. Routers (`ROUTERS`):
+
+- `topk` (token choice): `probs = softmax(logits)`, the k most probable experts; weights per
+  `moe_router_weights`: `softmax` (GPT-NeoX, Switch: the probabilities as they are),
+  `softmax_renormalized` (Mixtral: divided by their sum over the k) or `topk_softmax`
+  (softmax over the k logits; the same values). With `moe_jitter_eps` the router input is
+  multiplied by uniform noise in `[1 - eps, 1 + eps]` in training (GPT-NeoX).
+- `sinkhorn` (Megatron, GPT-NeoX's default): in training the experts are the top-k of the
+  Sinkhorn-balanced `exp(logits)` (no gradient), weighted by `sigmoid(logits)` (k = 1) or
+  `softmax(logits)` (k > 1) at those experts; in evaluation plain top-k of those weights.
+
+Losses, per MoE layer, on this rank's tokens, before any dropping:
+`load_balancing_loss = E * sum_e f_e * P_e` (Switch; f_e = share of the T*k assignments that
+chose e, P_e = mean probability of e) and `router_z_loss = mean_t logsumexp(logits_t)^2`
+(ST-MoE).
+
+Capacity (with `moe_token_dropping`): each expert computes at most
+`max(min_capacity, ceil(T * k / E * capacity_factor))` assignments; the first choices of all
+tokens come first, then the second choices, each in token order (GShard/DeepSpeed order); the
+assignments beyond capacity are dropped (their weight is zero: the residual carries the token).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Route:
+    """The routing of `T` tokens: `indices`/`weights` `(T, k)`, `logits`/`probs` `(T, E)`."""
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+    logits: torch.Tensor
+    probs: torch.Tensor
+
+
+def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Switch load-balancing loss `E * sum_e f_e * P_e` (see the module docstring)."""
+    num_experts = probs.shape[-1]
+    counts = torch.zeros(num_experts, dtype=probs.dtype, device=probs.device)
+    counts.scatter_add_(
+        0, indices.reshape(-1), torch.ones_like(indices.reshape(-1), dtype=probs.dtype)
+    )
+    fraction = counts / indices.numel()
+    return num_experts * (fraction * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss `mean(logsumexp(logits, -1) ** 2)`."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
+
+
+def expert_capacity(tokens: int, top_k: int, num_experts: int, factor: float, minimum: int) -> int:
+    """Assignments one expert computes at most: `max(minimum, ceil(tokens*k/E * factor))`."""
+    return max(minimum, math.ceil(tokens * top_k / num_experts * factor))
+
+
+def capacity_keep(indices: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """Bool `(T, k)`: the assignments within their expert's capacity (module docstring)."""
+    tokens, k = indices.shape
+    slot_major = indices.t().reshape(-1)  # choice 0 of every token, then choice 1, ...
+    one_hot = nn.functional.one_hot(slot_major, num_experts)
+    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # place in its expert's queue
+    return (position < capacity).reshape(k, tokens).t()
+
+
+def sinkhorn(cost: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
+    """Megatron's Sinkhorn balancing of `exp(cost)` `(T, E)`: rows and columns rescaled until
+    the column scales change by less than `tol` on average."""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.shape[0], dtype=cost.dtype, device=cost.device)
+    d1 = torch.ones(cost.shape[1], dtype=cost.dtype, device=cost.device)
+    eps, error, d1_old = 1e-8, 1e9, d1
+    while error > tol:
+        d0 = (1 / d0.numel()) / ((d1 * cost).sum(dim=1) + eps)
+        d1 = (1 / d1.numel()) / ((d0.unsqueeze(1) * cost).sum(dim=0) + eps)
+        error = (d1_old - d1).abs().mean()
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
+class Router(nn.Module):
+    """The router weight `(E, h)` (no bias, replicated on every rank) and the routing rule."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, fp32: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.top_k = top_k
+        self.fp32 = fp32
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = nn.functional.linear(x, self.weight)
+        return logits.float() if self.fp32 else logits
+
+    def forward(self, x: torch.Tensor) -> Route:
+        raise NotImplementedError
+
+
+class TopKRouter(Router):
+    """Token-choice top-k over the softmax (module docstring)."""
+
+    def __init__(self, *args, jitter_eps=None, weights: str = "softmax", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.jitter_eps = jitter_eps
+        self.weights_rule = weights
+
+    def forward(self, x: torch.Tensor) -> Route:
+        if self.training and self.jitter_eps:
+            noise = torch.rand_like(x) * (2 * self.jitter_eps) + (1 - self.jitter_eps)
+            x = x * noise
+        logits = self._logits(x)
+        probs = logits.softmax(dim=-1)
+        top, indices = probs.topk(self.top_k, dim=-1)
+        if self.weights_rule != "softmax":  # renormalised over the k (both other rules)
+            top = top / top.sum(dim=-1, keepdim=True)
+        return Route(indices, top, logits, probs)
+
+
+class SinkhornRouter(Router):
+    """Megatron's Sinkhorn router (module docstring)."""
+
+    def __init__(self, *args, jitter_eps=None, weights: str = "softmax", **kwargs):
+        super().__init__(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> Route:
+        logits = self._logits(x)
+        probs = logits.softmax(dim=-1)
+        scores = logits.sigmoid() if self.top_k == 1 else probs
+        if self.training:
+            with torch.no_grad():
+                indices = sinkhorn(logits.detach().float()).topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, indices)
+        else:
+            weights, indices = scores.topk(self.top_k, dim=-1)
+        return Route(indices, weights, logits, probs)
+
+
+ROUTERS: dict[str, type[Router]] = {"topk": TopKRouter, "sinkhorn": SinkhornRouter}

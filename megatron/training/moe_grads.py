@@ -1,0 +1,93 @@
+"""Mixture-of-experts plumbing around the DeepSpeed engine: expert gradients and router losses.
+
+Expert parameters (`megatron/model/moe.py`) differ between the ranks of an expert-parallel
+group, so they must not join the data-parallel gradient average. They carry DeepSpeed's MoE
+marks (`allreduce = False`, `group_name`), which keep them out of its dense all-reduce (and
+make its start-up broadcast use the expert-data-parallel group, which `register_expert_groups`
+hands to DeepSpeed before `deepspeed.initialize`). `install_expert_grad_reduction` then
+averages them after the engine's own reduction: summed over the expert-data-parallel group
+(the ranks holding the same experts) and divided by the data-parallel size, since each
+expert's gradient already sums the contributions of its expert-parallel group's tokens. This
+equals the dense model's data-parallel average (without ZeRO; ZeRO with expert parallelism is
+refused by the config).
+
+`prepare_moe_step` gives the router losses the engine's gradient-accumulation scale, and
+`moe_loss_record` reads their values for the log (summed over layers and pipeline stages,
+averaged over forwards and data-parallel ranks).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron.model.moe import expert_group_name, moe_layers
+
+
+def expert_parameters(model) -> list[torch.nn.Parameter]:
+    """Parameters marked as experts (sharded over the expert-parallel group)."""
+    return [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+
+
+def register_expert_groups(topology) -> None:
+    """Tell DeepSpeed's group registry about this topology's expert groups."""
+    from deepspeed.utils import groups
+
+    if not topology._groups:
+        return
+    name = expert_group_name(topology.ep_size)
+    groups._EXPERT_PARALLEL_GROUP[name] = topology._group("expert")
+    groups._EXPERT_PARALLEL_GROUP_RANKS[name] = list(topology.ep_ranks)
+    groups._EXPERT_DATA_PARALLEL_GROUP[name] = topology._group("expert_data")
+    groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = list(topology.edp_ranks)
+
+
+def reduce_expert_gradients(params, topology) -> None:
+    """Average expert gradients as the dense model would (see the module docstring)."""
+    if topology.dp_size == 1:
+        return
+    group = topology._group("expert_data")
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if group is not None and len(topology.edp_ranks) > 1:
+            dist.all_reduce(p.grad.data, group=group)
+        p.grad.data.div_(topology.dp_size)
+
+
+def install_expert_grad_reduction(engine, model, topology) -> None:
+    """Reduce expert gradients right after each engine gradient reduction (a boundary)."""
+    params = expert_parameters(model)
+    if not params:
+        return
+    reduce_dense = engine.allreduce_gradients
+
+    def allreduce_gradients(*args, **kwargs):
+        reduce_dense(*args, **kwargs)
+        if engine.is_gradient_accumulation_boundary():
+            reduce_expert_gradients(params, topology)
+
+    engine.allreduce_gradients = allreduce_gradients
+
+
+def prepare_moe_step(model, gradient_accumulation_steps: int) -> None:
+    """Scale the router losses' gradients like the engine scales the loss; reset the sums."""
+    for layer in moe_layers(model):
+        layer.aux_grad_scale = 1.0 / gradient_accumulation_steps
+        layer.reset_loss_sums()
+
+
+def moe_loss_record(model, topology) -> dict[str, float]:
+    """`{"moe_aux_loss": ..., "moe_z_loss": ...}` of the last step (collective over pipe and
+    data ranks when the model has MoE layers; empty without)."""
+    if not getattr(getattr(model, "args", None), "moe_num_experts", 1) > 1:
+        return {}
+    sums = torch.zeros(2, dtype=torch.float64)
+    for layer in moe_layers(model):
+        n = max(layer.moe_loss_sums["n"], 1)
+        sums += torch.tensor([layer.moe_loss_sums["aux"], layer.moe_loss_sums["z"]]) / n
+    for group in (topology.pp_group, topology.dp_group):
+        if group is not None:
+            dist.all_reduce(sums, group=group)
+    sums /= topology.dp_size
+    return {"moe_aux_loss": float(sums[0]), "moe_z_loss": float(sums[1])}

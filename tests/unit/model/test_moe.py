@@ -1,0 +1,193 @@
+"""Mixture of experts in one process: routing, capacity, dropping, the router losses and their
+gradients, against formulas written out independently here (loops over tokens and experts);
+the layer placement, parameter counts and FLOPs against the model built and torch's counter."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from megatron.model import build_gpt
+from megatron.model.counting import active_parameters, count_model_parameters, count_parameters
+from megatron.model.moe import MoEMLP, is_moe_layer, moe_layers
+from megatron.model.moe_router import (
+    capacity_keep,
+    expert_capacity,
+    load_balancing_loss,
+    router_z_loss,
+    sinkhorn,
+)
+from megatron.training.flops import ModelShape, training_flops_per_token
+from tests.unit.model.tiny import SEQ, neox_args
+
+E, K, H = 4, 2, 32
+
+
+def moe_args(**overrides):
+    values = dict(
+        moe_num_experts=E,
+        moe_top_k=K,
+        moe_router_type="topk",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    values.update(overrides)
+    return neox_args(**values)
+
+
+def test_load_balancing_loss_is_switch_formula():
+    torch.manual_seed(0)
+    probs = torch.rand(10, E).softmax(-1)
+    indices = probs.topk(K, dim=-1).indices
+    expected = 0.0
+    for e in range(E):
+        f = sum(int(indices[t, j] == e) for t in range(10) for j in range(K)) / (10 * K)
+        p = sum(float(probs[t, e]) for t in range(10)) / 10
+        expected += f * p
+    assert float(load_balancing_loss(probs, indices)) == pytest.approx(E * expected, rel=1e-6)
+
+
+def test_router_z_loss_is_mean_squared_logsumexp():
+    torch.manual_seed(1)
+    logits = torch.randn(7, E)
+    rows = [math.log(sum(math.exp(float(v)) for v in row)) ** 2 for row in logits]
+    assert float(router_z_loss(logits)) == pytest.approx(sum(rows) / 7, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "tokens, k, experts, factor, minimum, expected",
+    [(32, 2, 4, 1.0, 4, 16), (32, 2, 4, 1.25, 4, 20), (5, 1, 4, 1.0, 4, 4), (30, 2, 8, 1.0, 1, 8)],
+)
+def test_capacity(tokens, k, experts, factor, minimum, expected):
+    assert expert_capacity(tokens, k, experts, factor, minimum) == expected
+
+
+def test_capacity_keeps_first_choices_first_in_token_order():
+    indices = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0], [2, 0]])
+    queue = {e: 0 for e in range(E)}
+    expected = torch.zeros(5, 2, dtype=torch.bool)
+    for j in range(2):  # all first choices, then all second choices
+        for t in range(5):
+            e = int(indices[t, j])
+            expected[t, j] = queue[e] < 2
+            queue[e] += 1
+    assert torch.equal(capacity_keep(indices, E, 2), expected)
+
+
+def _reference_output(layer: MoEMLP, x: torch.Tensor, keep=None) -> torch.Tensor:
+    """Per token, sum over its kept choices of weight * expert(token), written out."""
+    ex = layer.experts
+    tokens = x.reshape(-1, x.shape[-1])
+    logits = tokens @ layer.router.weight.t()
+    out = torch.zeros_like(tokens)
+    for t in range(tokens.shape[0]):
+        probs = torch.softmax(logits[t], dim=-1)
+        top = torch.topk(probs, K)
+        for j in range(K):
+            if keep is not None and not keep[t, j]:
+                continue
+            e = int(top.indices[j])
+            hidden = torch.nn.functional.gelu(ex.w_in[e] @ tokens[t] + ex.b_in[e])
+            out[t] += top.values[j] * (ex.w_out[e] @ hidden + ex.b_out[e])
+    return out.view_as(x)
+
+
+def _layer(**overrides) -> MoEMLP:
+    torch.manual_seed(3)
+    return MoEMLP(moe_args(**overrides))
+
+
+def test_dropless_layer_computes_every_choice():
+    layer = _layer(moe_token_dropping=False, moe_min_capacity=1)
+    x = torch.randn(SEQ, 2, H)
+    torch.testing.assert_close(layer(x), _reference_output(layer, x), rtol=1e-5, atol=1e-6)
+
+
+def test_dropping_layer_leaves_out_choices_over_capacity():
+    layer = _layer(moe_token_dropping=True, moe_min_capacity=1, moe_train_capacity_factor=0.5)
+    x = torch.randn(SEQ, 2, H)
+    indices = (x.reshape(-1, H) @ layer.router.weight.t()).topk(K, dim=-1).indices
+    capacity = max(1, math.ceil(2 * SEQ * K / E * 0.5))
+    counts, keep = [0] * E, torch.zeros(2 * SEQ, K, dtype=torch.bool)
+    for j in range(K):
+        for t in range(2 * SEQ):
+            keep[t, j] = counts[int(indices[t, j])] < capacity
+            counts[int(indices[t, j])] += 1
+    assert not keep.all()  # the test drops something
+    torch.testing.assert_close(layer(x), _reference_output(layer, x, keep), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["softmax_renormalized", "topk_softmax"])
+def test_mixtral_weights_renormalise_the_top_k_softmax(rule):
+    layer = _layer(moe_router_weights=rule)
+    x = torch.randn(6, H)
+    route = layer.router(x)
+    logits = x @ layer.router.weight.t()
+    top = logits.topk(K, dim=-1)  # Mixtral: softmax over all, top-k, renormalise
+    expected = torch.softmax(logits, -1).gather(1, top.indices)
+    expected = expected / expected.sum(-1, keepdim=True)
+    torch.testing.assert_close(route.weights, expected)
+    torch.testing.assert_close(route.weights, torch.softmax(top.values, -1))
+
+
+def test_sinkhorn_router_balances_in_training_and_takes_top_k_in_eval():
+    layer = _layer(moe_router_type="sinkhorn")
+    x = torch.randn(12, H)
+    logits = (x @ layer.router.weight.t()).detach()
+    cost = logits.exp()
+    d0, d1 = torch.ones(12), torch.ones(E)
+    for _ in range(1000):  # the same fixed point, iterated to convergence
+        d0 = 1 / 12 / ((d1 * cost).sum(1) + 1e-8)
+        d1 = 1 / E / ((d0[:, None] * cost).sum(0) + 1e-8)
+    balanced = d1 * cost * d0[:, None]
+    torch.testing.assert_close(sinkhorn(logits), balanced, rtol=1e-3, atol=1e-6)
+    route = layer.router(x)
+    assert torch.equal(route.indices.sort(-1).values, balanced.topk(K).indices.sort(-1).values)
+    torch.testing.assert_close(route.weights, logits.softmax(-1).gather(1, route.indices))
+    layer.eval()
+    assert torch.equal(layer.router(x).indices, logits.softmax(-1).topk(K).indices)
+
+
+def test_router_losses_reach_the_router_gradient():
+    layer = _layer(moe_aux_loss_coeff=0.3, moe_z_loss_coeff=0.02)
+    x = torch.randn(SEQ, 2, H)
+    layer(x).sum().backward()
+    got = layer.router.weight.grad.clone()
+    layer.router.weight.grad = None
+    tokens = x.reshape(-1, H)
+    logits = tokens @ layer.router.weight.t()
+    probs = logits.softmax(-1)
+    top = probs.topk(K, -1).indices
+    share = torch.stack([(top == e).sum() for e in range(E)]).float() / top.numel()
+    lbl = E * (share * probs.mean(0)).sum()
+    z = (torch.logsumexp(logits, -1) ** 2).mean()
+    (_reference_output(layer, x).sum() + 0.3 * lbl + 0.02 * z).backward()
+    torch.testing.assert_close(got, layer.router.weight.grad, rtol=1e-5, atol=1e-7)
+    assert layer.moe_loss_sums["n"] == 1
+    assert layer.moe_loss_sums["aux"] == pytest.approx(0.3 * float(lbl.detach()), rel=1e-5)
+
+
+def test_every_expert_interval_th_layer_counting_from_zero_has_experts():
+    args = moe_args(num_layers=5, expert_interval=2)
+    assert [is_moe_layer(args, i) for i in range(5)] == [True, False, True, False, True]
+    model = build_gpt(args)
+    assert len(moe_layers(model)) == 3
+    assert count_model_parameters(model) == count_parameters(args)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"activation": "swiglu"}, {"moe_glu": True}])
+def test_active_parameters_and_flops_count_k_experts_and_the_router(overrides):
+    args = moe_args(**overrides)
+    model = build_gpt(args)
+    total = count_model_parameters(model)
+    one_expert = sum(p[0].numel() for p in moe_layers(model)[0].experts.parameters())
+    assert active_parameters(args) == total - 2 * (E - K) * one_expert  # 2 MoE layers of 4
+    tokens = torch.randint(0, 128, (1, SEQ))
+    positions = torch.arange(SEQ)[None]
+    with FlopCounterMode(display=False) as counter:
+        model.loss_fn(model(tokens, positions), (tokens, torch.ones(1, SEQ))).backward()
+    counted = counter.get_total_flops() / SEQ
+    assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-6)
