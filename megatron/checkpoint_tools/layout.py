@@ -46,8 +46,13 @@ def locate(path: str | Path) -> Path:
     """The `global_step{N}` folder `path` means: the folder itself, or what `{path}/latest`
     names."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint '{path}' does not exist; pass the save folder of a trained run (it "
+            f"holds '{LATEST}') or one of its global_step folders"
+        )
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint '{path}' is not a folder")
+        raise CheckpointError(f"checkpoint '{path}' is a file, not a checkpoint folder")
     if (path / LATEST).is_file():
         return path / read_latest(path)
     if any(MP_RANK_FILE.match(f.name) or ZERO3_MODEL_FILE.match(f.name) for f in path.iterdir()):

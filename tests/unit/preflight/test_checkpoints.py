@@ -122,7 +122,7 @@ def test_no_checkpoint_yet_is_a_fresh_start(tmp_path):
     (found,) = load_findings(tmp_path)
     assert found.level == OK and "no latest file" in found.message
     (found,) = load_findings(tmp_path / "missing", script="generate.py")
-    assert found.level == ERROR and "is not a folder" in found.message
+    assert found.level == ERROR and "does not exist" in found.message
 
 
 def test_latest_naming_a_missing_folder(tmp_path):

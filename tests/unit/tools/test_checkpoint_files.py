@@ -105,7 +105,7 @@ def test_locating_checkpoints_explains_what_it_found(tmp_path):
     (tmp_path / "global_step5").mkdir()
     with pytest.raises(CheckpointError, match="global_step5"):
         read_layout(tmp_path)
-    with pytest.raises(CheckpointError, match="not a folder"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         read_layout(tmp_path / "nowhere")
     (tmp_path / "latest").write_text("global_step9")
     with pytest.raises(FileNotFoundError, match="global_step9"):
