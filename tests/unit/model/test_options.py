@@ -31,6 +31,8 @@ OPTIONS = (
         {"layer_attention_types": ("sdpa", "flash"), "softmax_fusion": True},
         {"layer_attention_types": ("global", "sdpa"), "softmax_fusion": True, "pos_emb": "alibi"},
         {"intermediate_size": 40},
+        {"rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
+        {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
     ]
 )
 
@@ -56,7 +58,12 @@ def test_options_change_the_function():
     base = neox_args()
     ((inputs, _),) = micro_batches(base, 1)
     reference = build_gpt(base)(*inputs)
-    for change in ({"rotary_pct": 1.0}, {"rotary_emb_base": 100}, {"layernorm_epsilon": 0.5}):
+    for change in (
+        {"rotary_pct": 1.0},
+        {"rotary_emb_base": 100},
+        {"layernorm_epsilon": 0.5},
+        {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ):
         changed = build_gpt(dataclasses.replace(base, **change))(*inputs)
         assert not torch.allclose(changed, reference), f"{change} had no effect"
 
