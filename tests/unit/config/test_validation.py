@@ -177,11 +177,11 @@ def test_derived_keys_cannot_be_set(write):
 
 def test_renamed_keys_map_and_unimplemented_keys_at_neox_default_pass(write):
     warn: list[str] = []
-    a = write("a.yml", MINIMAL + "save_interval: 50\ntrain_data_path: d/x\nmoe_num_experts: 1\n")
+    a = write("a.yml", MINIMAL + "save_interval: 50\ntrain_data_path: d/x\nmoe_loss_coeff: 0.1\n")
     cfg = load_config([a], warn=warn)
     assert cfg.checkpointing.checkpoint_factor == 50
     assert cfg.data.train_data_paths == ["d/x"]
-    assert cfg.unimplemented == {"moe_num_experts": 1}
+    assert cfg.unimplemented == {"moe_loss_coeff": 0.1}
     assert len(warn) == 2 and all("a.yml" in w and "now called" in w for w in warn)
 
 
