@@ -17,6 +17,7 @@ OPTIMIZER_TYPES = (
     "madgrad_wd",
     "Lion",
     "SGD",
+    "Distro",
 )
 
 # What GPT-NeoX trains with when a config has no `optimizer` section (its OPT_DEFAULT and
@@ -31,7 +32,10 @@ NEOX_DEFAULT_PARAMS: dict[str, Any] = {"betas": [0.9, 0.999], "eps": 1.0e-8}
 class OptimizerConfig:
     optimizer: dict[str, Any] | None = None
     """`{type, params}` as in GPT-NeoX: type is one of Adam, AdamW, OneBitAdam, CPU_Adam,
-    CPU_torch_adam, SM3, madgrad_wd, Lion, SGD; params holds `lr`, `betas`, `eps`, ... .
+    CPU_torch_adam, SM3, madgrad_wd, Lion, SGD, Distro; params holds `lr`, `betas`, `eps`, ... .
+    Distro (DisTrO/DeMo, Psyche's names) takes `compression_decay` (0.999),
+    `compression_chunk` (64), `compression_topk` (8) and `quantize_1bit` (true); it replaces
+    the data-parallel gradient all-reduce and needs fp32 and ZeRO stage 0.
     Without it (or without a type or lr in it), GPT-NeoX's default is used with a warning:
     Adam, lr 1e-3, betas [0.9, 0.999], eps 1e-8. SM3 and OneBitAdam need whole parameters:
     refused with ZeRO stages 1-3 and with bf16 on the pipeline engine, where DeepSpeed hands

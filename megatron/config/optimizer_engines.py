@@ -35,6 +35,9 @@ PER_PARAMETER_OPTIMIZERS = {
     "OneBitAdam": "compresses each parameter's momentum with one scale per tensor and averages "
     "it over data-parallel ranks that must hold the same tensors; a flat partition mixes "
     "parameters and differs from rank to rank",
+    "Distro": "keeps one momentum per data-parallel rank and compresses it by DCT over chunks "
+    "of each parameter's rows and columns; ZeRO partitions exactly that state across the "
+    "ranks, and a flat partition has no rows and columns",
 }
 """Optimizer types whose update depends on each parameter's shape or on the tensor as a whole,
 with the reason (part of the refusal message)."""
@@ -54,8 +57,56 @@ def flattening_wrapper(cfg: Config) -> str | None:
     return None
 
 
+DISTRO_PARAMS = (
+    "compression_decay",
+    "compression_chunk",
+    "compression_topk",
+    "quantize_1bit",
+    "clip_grad_norm",
+    "weight_decay",
+)
+"""Psyche's names accepted in `optimizer.params` of Distro (besides `lr`)."""
+
+
+def validate_distro(cfg: Config, sources: dict[str, str]) -> None:
+    """Distro's params, and the precision it needs.
+
+    Psyche's `clip_grad_norm` and `weight_decay` are the same facts as our `gradient_clipping`
+    (which, with Distro's un-reduced gradients, clips each rank's local gradient by its norm
+    over tensor and pipeline stages, as Psyche does) and `weight_decay`: given in params, they
+    must agree with those keys.
+    """
+    o = cfg.optimizer
+    if o.optimizer_type != "Distro":
+        return
+    where = _src(sources, "optimizer")
+    params = o.optimizer_params or {}
+    unknown = sorted(set(params) - set(DISTRO_PARAMS))
+    if unknown:
+        raise ConfigError(
+            f"optimizer.params{where}: {unknown} are not Distro parameters; expected lr and "
+            f"any of {', '.join(DISTRO_PARAMS)}"
+        )
+    for key, top in (("clip_grad_norm", "gradient_clipping"), ("weight_decay", "weight_decay")):
+        if key in params and float(params[key]) != float(getattr(o, top)):
+            raise ConfigError(
+                f"optimizer.params.{key}{where} is {params[key]} but {top} is "
+                f"{getattr(o, top)}{_src(sources, top)}: they are one setting; give it once, "
+                f"as {top}"
+            )
+    if cfg.precision.dtype != "fp32":
+        raise ConfigError(
+            f"optimizer Distro cannot run with precision {cfg.precision.dtype}"
+            f"{_src(sources, 'precision', 'fp16', 'bf16')}: DeepSpeed's mixed-precision "
+            "wrapper decides overflow skips and clipping from a gradient norm it reduces over "
+            "the model-parallel group only, which with Distro's un-reduced gradients differs "
+            "between data-parallel ranks, so replicas could drift apart. Use precision: fp32"
+        )
+
+
 def validate_optimizer_engine(cfg: Config, sources: dict[str, str]) -> None:
     """Refuse a per-parameter optimizer with a wrapper that flattens the parameters."""
+    validate_distro(cfg, sources)
     opt = cfg.optimizer.optimizer_type
     combination = flattening_wrapper(cfg)
     if opt not in PER_PARAMETER_OPTIMIZERS or combination is None:

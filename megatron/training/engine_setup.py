@@ -21,7 +21,7 @@ from megatron.training.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
 from megatron.training.model_setup import build_model_for_engine
 from megatron.training.moe_grads import install_expert_grad_reduction, register_expert_groups
-from megatron.training.optim import OneBitAdam
+from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optimizers import build_optimizer_from_config, check_parameter_shapes
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
         mpu=None if pipeline else topology,
     )
     check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
-    if isinstance(optimizer, OneBitAdam):
+    if isinstance(optimizer, OneBitAdam | Distro):  # they replace the gradient all-reduce
         optimizer.attach_engine(engine, topology.dp_group)
     install_loss_scaler(engine)
     install_expert_grad_reduction(engine, model, topology)

@@ -7,6 +7,8 @@ norm weights and other vectors are never decayed (`param_groups`).
 `OneBitAdam` is our own (`megatron/training/optim/onebit_adam.py`): DeepSpeed 0.19 no longer
 ships it. After `deepspeed.initialize`, call `optimizer.attach_engine(engine, dp_group)` so it
 can switch the engine's gradient all-reduce off once its warm-up (`freeze_step`) is over.
+`Distro` (DeMo, `megatron/training/optim/distro.py`) is attached the same way and switches it
+off from the start: it exchanges compressed momenta instead.
 
 GPT-NeoX compatibility: `Adam` and `AdamW` are both Adam with decoupled weight decay (NeoX's
 `Adam` is apex/DeepSpeed FusedAdam in AdamW mode); `CPU_torch_adam` is `torch.optim.Adam`
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 
 from megatron.config.optimizer_engines import PER_PARAMETER_OPTIMIZERS
-from megatron.training.optim import MADGRAD, SM3, Lion, OneBitAdam
+from megatron.training.optim import MADGRAD, SM3, Distro, Lion, OneBitAdam
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -91,11 +93,23 @@ class Plain(OptimizerBuilder):
         return self.cls(groups, lr=lr, weight_decay=weight_decay, **params)
 
 
+class DistroBuilder(OptimizerBuilder):
+    """DisTrO/DeMo (`optim/distro.py`). Psyche's `clip_grad_norm` and `weight_decay` may stand
+    in its params; resolution has checked that they equal `gradient_clipping` and
+    `weight_decay` (`optimizer_engines.py`), which are what clips and decays."""
+
+    def build(self, groups, lr, weight_decay, params):
+        params.pop("clip_grad_norm", None)
+        params.pop("weight_decay", None)
+        return Distro(groups, lr=lr, weight_decay=weight_decay, **params)
+
+
 OPTIMIZERS: dict[str, OptimizerBuilder] = {
     "Adam": TorchAdamW(),
     "AdamW": TorchAdamW(),
     "CPU_Adam": DeepSpeedCPUAdam(),
     "CPU_torch_adam": TorchAdamL2(),
+    "Distro": DistroBuilder(),
     "OneBitAdam": Plain(OneBitAdam),
     "Lion": Plain(Lion),
     "SGD": Plain(torch.optim.SGD),

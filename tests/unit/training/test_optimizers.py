@@ -26,6 +26,7 @@ TRAINABLE = {
     "SM3": 0.1,
     "madgrad_wd": 0.02,
     "OneBitAdam": 0.05,
+    "Distro": 0.02,
 }
 PARAMS = {"OneBitAdam": {"freeze_step": 10}}
 
