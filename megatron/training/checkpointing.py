@@ -6,6 +6,8 @@ Layout of `{save}/global_step{N}/`:
     trainer_state.pt          iteration, consumed samples, LR scheduler, skipped-step counts
     rng_state_rank{R}.pt      Python, NumPy, torch (CPU and CUDA) and tensor-parallel RNG of
                               every global rank R
+    optimizer_rank_state_{R}.pt   an optimizer's per-rank state (Distro's local momenta),
+                              which DeepSpeed's rank-0 optimizer file cannot hold
     config.json               the resolved config of the run
     permanent                 only in a `checkpoint_keep` tier checkpoint: never deleted
     complete                  written last, once every rank's files are on disk
@@ -48,6 +50,7 @@ import torch.distributed as dist
 
 from megatron.model.checkpoint_size import free_bytes_at
 from megatron.training.disk_space import ensure_room, stop_on_failure
+from megatron.training.optim.distro import load_rank_state, save_rank_state
 from megatron.training.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 
 log = logging.getLogger(__name__)
@@ -315,6 +318,8 @@ class CheckpointIO:
         self._engine_save(tag)
         if self.save_rng:
             torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
+        if self.save_optim:
+            save_rank_state(self.engine.optimizer, folder, rank)
         if rank == 0:
             extra = {"iteration": iteration, "optimizer_saved": self.save_optim}
             torch.save({**trainer_state, **extra}, folder / TRAINER_STATE)
@@ -364,6 +369,8 @@ class CheckpointIO:
             )
         if finetune:
             return None
+        if load_optim:
+            load_rank_state(self.engine.optimizer, folder, _rank())
         rng_file = folder / f"rng_state_rank{_rank()}.pt"
         state["rng_state"] = None
         if load_rng and rng_file.is_file():
