@@ -94,6 +94,14 @@ def validate_distro(cfg: Config, sources: dict[str, str]) -> None:
                 f"{getattr(o, top)}{_src(sources, top)}: they are one setting; give it once, "
                 f"as {top}"
             )
+    if cfg.moe.moe_num_experts > 1:
+        raise ConfigError(
+            f"optimizer Distro cannot run with moe_num_experts {cfg.moe.moe_num_experts}"
+            f"{_src(sources, 'moe_num_experts')}: expert gradients have their own reduction "
+            "over the ranks holding the same experts, and Distro's exchange over the whole "
+            "data-parallel group would mix different experts' momenta. Use moe_num_experts: 1 "
+            "or another optimizer"
+        )
     if cfg.precision.dtype != "fp32":
         raise ConfigError(
             f"optimizer Distro cannot run with precision {cfg.precision.dtype}"

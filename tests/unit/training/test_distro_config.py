@@ -44,6 +44,7 @@ def test_psyche_section_builds_distro_with_its_settings(tmp_path):
         ({"fp16": {"enabled": True}}, None, "precision fp16.*precision: fp32"),
         ({"bf16": {"enabled": True}, "pipe_parallel_size": 0}, None, "precision bf16"),
         ({}, {**PSYCHE, "betas": [0.9, 0.95]}, r"\['betas'\] are not Distro parameters"),
+        ({"moe_num_experts": 2}, None, "moe_num_experts 2.*moe_num_experts: 1"),
         ({"gradient_clipping": 0.5}, None, "clip_grad_norm.*is 1.0 but gradient_clipping"),
         ({"weight_decay": 0.1}, {**PSYCHE, "weight_decay": 0.0}, "weight_decay"),
     ],
