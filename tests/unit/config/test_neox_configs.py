@@ -77,7 +77,9 @@ def test_llama_style_neox_config():
     assert cfg.training.train_batch_size == 4 * 8 * 2
 
 
-@pytest.mark.parametrize("name", ["160M.yml", "small.yml", "llama-small.yml", "llama-7B.yml"])
+@pytest.mark.parametrize(
+    "name", ["160M.yml", "small.yml", "llama-small.yml", "qwen3-small.yml", "llama-7B.yml"]
+)
 def test_shipped_configs_resolve(name):
     extra = [ROOT / "configs" / "local.yml"]
     world = 4 if name == "llama-7B.yml" else 1

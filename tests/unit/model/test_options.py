@@ -31,6 +31,9 @@ OPTIONS = (
         {"layer_attention_types": ("sdpa", "flash"), "softmax_fusion": True},
         {"layer_attention_types": ("global", "sdpa"), "softmax_fusion": True, "pos_emb": "alibi"},
         {"intermediate_size": 40},
+        {"sliding_window_width": 2},
+        {"head_dim": 12, "use_bias_in_attn_linear": False, "use_bias_in_qkv": True},
+        {"z_loss": 1.0e-2},
         {"rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
         {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
     ]
@@ -62,6 +65,7 @@ def test_options_change_the_function():
         {"rotary_pct": 1.0},
         {"rotary_emb_base": 100},
         {"layernorm_epsilon": 0.5},
+        {"sliding_window_width": 1},
         {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     ):
         changed = build_gpt(dataclasses.replace(base, **change))(*inputs)
