@@ -78,7 +78,10 @@ class MoEConfig:
 
     moe_expert_parallel_size: int = 1
     """Ranks the experts are sharded over: groups of this many data-parallel ranks (it must
-    divide the data-parallel size and the number of experts)."""
+    divide the data-parallel size and the number of experts). Above 1, ZeRO stages 1-3 and
+    checkpoints (`save`/`load`) are refused for now: expert gradients are reduced over the
+    expert-data-parallel group by our own hook without ZeRO, and DeepSpeed saves the model
+    from data-parallel rank 0 only."""
 
     enable_expert_tensor_parallelism: bool = False
     """Shard each expert over the tensor-parallel ranks. Not built: experts are whole on each
@@ -136,6 +139,14 @@ def validate_moe(cfg) -> None:
         "use bf16 or fp32",
     )
     if ep > 1:
+        given = [k for k in ("save", "load") if getattr(cfg.checkpointing, k)]
+        _check(
+            not given,
+            f"moe_expert_parallel_size {ep} with {' and '.join(given)} is not built: DeepSpeed "
+            "writes the model from data-parallel rank 0 only, which holds 1/ep of the experts; "
+            "checkpoint with moe_expert_parallel_size 1 (every rank holds all experts), or "
+            "unset save/load",
+        )
         stage = cfg.parallel.zero_stage
         _check(
             stage == 0,
