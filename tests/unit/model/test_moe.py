@@ -5,6 +5,7 @@ the layer placement, parameter counts and FLOPs against the model built and torc
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -191,3 +192,28 @@ def test_active_parameters_and_flops_count_k_experts_and_the_router(overrides):
         model.loss_fn(model(tokens, positions), (tokens, torch.ones(1, SEQ))).backward()
     counted = counter.get_total_flops() / SEQ
     assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-6)
+
+
+def test_hugging_face_export_of_experts_is_refused():
+    from megatron.model.hf_config import hf_config
+
+    with pytest.raises(ValueError, match="moe_num_experts=4"):
+        hf_config(moe_args(), "gpt_neox")
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("moe_type=deepspeed", "moe_type 'deepspeed'"),
+        ("moe_top_k=9", "moe_top_k 9"),
+        ("enable_expert_tensor_parallelism=true", "enable_expert_tensor_parallelism"),
+        ("moe_expert_parallel_size=3", "moe_expert_parallel_size 3"),
+        ("sequence_parallel=true", "sequence_parallel"),
+    ],
+)
+def test_unbuilt_moe_values_are_refused_before_launch(override, needle):
+    from megatron.config import load_config
+    from megatron.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(["moe-small"], [override], world_size=2, vocab_size=512)
