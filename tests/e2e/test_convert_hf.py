@@ -4,8 +4,8 @@
   `transformers.AutoModelForCausalLM`: logits equal ours at (2, 2) within 1e-5, and HF's
   greedy `generate` gives the tokens our generation gives, for GPT-NeoX (tied, parallel
   residual, partial rotary) and Llama (RMSNorm, SwiGLU, GQA, untied, no biases) models.
-- A Hugging Face model -> `tools/convert_from_hf.py` at (2, 2) -> `convert_to_hf.py` gives
-  back exactly the same tensors and tokenizer.
+- A Hugging Face model (GPT-NeoX, Llama, Mistral, Qwen2, Qwen3) -> `tools/convert_from_hf.py`
+  at (2, 2) -> `convert_to_hf.py` gives back exactly the same tensors, settings and tokenizer.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def _random_hf_model(arch: str):
         )
         model = transformers.GPTNeoXForCausalLM(config)
     else:
-        config = transformers.LlamaConfig(
+        config_cls, extra = LLAMA_LIKE[arch]
+        config = config_cls(
             vocab_size=512,
             hidden_size=64,
             num_hidden_layers=2,
@@ -102,15 +103,29 @@ def _random_hf_model(arch: str):
             intermediate_size=96,
             max_position_embeddings=64,
             rope_theta=500000.0,
+            **extra,
         )
-        model = transformers.LlamaForCausalLM(config)
+        model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # norms too, so no parameter hides behind an identity
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     return model
 
 
-@pytest.mark.parametrize("arch", ["neox", "llama"])
+# The Llama-like families with their attention variants (window, q/k/v biases, QK-norm and a
+# head_dim that is not hidden / heads).
+LLAMA_LIKE = {
+    "llama": (transformers.LlamaConfig, {}),
+    "mistral": (transformers.MistralConfig, dict(sliding_window=8)),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "qwen3": (
+        transformers.Qwen3Config,
+        dict(head_dim=24, use_sliding_window=True, sliding_window=8, max_window_layers=0),
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", ["neox", *LLAMA_LIKE])
 def test_hf_to_ours_to_hf_is_lossless(arch, tmp_path):
     source = tmp_path / "hf"
     _random_hf_model(arch).save_pretrained(source)
@@ -135,6 +150,9 @@ def test_hf_to_ours_to_hf_is_lossless(arch, tmp_path):
     after = json.loads((back / "config.json").read_text())
     for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "tie_word_embeddings"):
         assert after[key] == before[key], key
+    assert after["architectures"] == before["architectures"]
+    for key in ("head_dim", "sliding_window", "use_sliding_window", "layer_types"):
+        assert after.get(key) == before.get(key), key
     for key, default in (("rope_theta", None), ("rope_type", None), ("partial_rotary_factor", 1.0)):
         rope_after, rope_before = after["rope_parameters"], before["rope_parameters"]
         assert rope_after.get(key, default) == rope_before.get(key, default), key
