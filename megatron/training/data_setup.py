@@ -17,14 +17,31 @@ def resolve_train_iters(cfg) -> int:
     return int(t.train_iters)
 
 
-def build_datasets(cfg, train_iters: int):
-    """(train, valid, test) datasets holding every sample the run will read (collective)."""
+def train_samples_needed(train_iters: int, global_batch: int, resumed: dict | None = None) -> int:
+    """Training samples the datasets are built for: `train_iters` × the global batch on a
+    fresh run (GPT-NeoX's count). On resume, the samples already consumed plus the remaining
+    iterations at this run's batch size (which may differ from the saved run's), and never
+    fewer than the saved run built: the shuffled order depends on the count only through the
+    number of passes over the data, so building the same count again gives the same order and
+    the run continues the very stream the saved one read."""
+    if not resumed:
+        return train_iters * global_batch
+    left = max(0, train_iters - int(resumed["iteration"]))
+    needed = int(resumed["consumed_samples"]) + left * global_batch
+    return max(needed, int(resumed.get("train_samples") or 0))
+
+
+def build_datasets(cfg, train_iters: int, train_samples: int | None = None):
+    """(train, valid, test) datasets holding every sample the run will read (collective);
+    `train_samples`: the training split's count when resuming (`train_samples_needed`)."""
     from megatron.data import build_train_valid_test_datasets, train_valid_test_num_samples
 
     t = cfg.training
     samples = train_valid_test_num_samples(
         train_iters, t.eval_interval, t.eval_iters, t.train_batch_size
     )
+    if train_samples is not None:
+        samples[0] = train_samples
     return build_train_valid_test_datasets(cfg, samples)
 
 

@@ -29,6 +29,7 @@ from megatron.training.data_setup import (
     BatchFactory,
     build_datasets,
     resolve_train_iters,
+    train_samples_needed,
     valid_samples_consumed,
 )
 from megatron.training.engine_setup import build_engine
@@ -41,7 +42,12 @@ from megatron.training.monitor import TrainMonitor
 from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
 from megatron.training.profiling import ProfilerCallback, ProfileSettings
-from megatron.training.report import final_summary, startup_report
+from megatron.training.report import (
+    final_summary,
+    layout_change_notice,
+    run_layout,
+    startup_report,
+)
 from megatron.training.signals import StopRequest
 from megatron.training.steps import engine_steps
 
@@ -85,11 +91,13 @@ class TrainLoop:
         callbacks,
         exit_interval=None,
         stop=None,
+        facts=None,
     ):
         self.steps, self.engine, self.lr_scheduler = steps, engine, lr_scheduler
         self.batches, self.state, self.train_iters = batches, state, train_iters
         self.global_batch, self.guard, self.loggers = global_batch, guard, loggers
         self.callbacks, self.exit_interval, self.stop = callbacks, exit_interval, stop
+        self.facts = dict(facts or {})  # fixed for the run: layout, samples the data holds
         self.last_loss, self.last_applied = 0.0, True
         self.losses: list[float] = []
 
@@ -99,6 +107,7 @@ class TrainLoop:
             "consumed_samples": self.state.consumed_samples,
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "skipped_steps": self.guard.state_dict(),
+            **self.facts,
         }
 
     def _should_stop(self) -> bool:
@@ -171,7 +180,7 @@ def _profiler(cfg, rank) -> list:
     return [ProfilerCallback(settings, rank)] if settings is not None else []
 
 
-def _report(cfg, topology, loggers, flops, train_iters, state, datasets) -> None:
+def _report(cfg, topology, loggers, flops, train_iters, state, datasets, notice=None) -> None:
     sizes = dict(zip(("train", "valid", "test"), datasets))
     loggers.log_text(
         startup_report(
@@ -182,6 +191,7 @@ def _report(cfg, topology, loggers, flops, train_iters, state, datasets) -> None
             train_iters=train_iters,
             resumed_from=state.iteration,
             dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
+            layout_notice=notice,
         )
     )
 
@@ -216,8 +226,13 @@ def pretrain(cfg) -> TrainResult:
     )
     guard = SkippedStepGuard(cfg.precision.max_consecutive_skipped_steps)
     state, loaded = _resume(cfg, io, parts, guard)
+    layout = run_layout(cfg, topology)
+    notice = layout_change_notice(loaded.get("layout") if loaded else None, layout)
+    if notice:  # another rank's stream (or none) would be restored: start from the seed
+        loaded["rng_state"] = None
+    train_samples = train_samples_needed(train_iters, t.train_batch_size, loaded)
 
-    datasets = build_datasets(cfg, train_iters)
+    datasets = build_datasets(cfg, train_iters, train_samples)
     make_batches = BatchFactory(
         cfg, topology, BatchSettings.from_config(cfg, tokenizer.eod), engine.device
     )
@@ -229,7 +244,7 @@ def pretrain(cfg) -> TrainResult:
     loggers = build_loggers(cfg, rank, train_iters)
     started_at = state.iteration
     try:
-        _report(cfg, topology, loggers, flops, train_iters, state, datasets)
+        _report(cfg, topology, loggers, flops, train_iters, state, datasets, notice)
         steps = engine_steps(engine, topology)
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
@@ -260,6 +275,7 @@ def pretrain(cfg) -> TrainResult:
             callbacks=callbacks,
             exit_interval=t.exit_interval,
             stop=StopRequest(),
+            facts={"layout": layout, "train_samples": train_samples},
         )
         loop.stop.install()
         try:

@@ -18,6 +18,31 @@ def _hpz(p) -> str:
     return f" (hpZ: parameters partitioned within groups of {size} ranks)" if size > 1 else ""
 
 
+def run_layout(cfg, topology) -> dict[str, int]:
+    """The parallel layout a checkpoint records (`layout` in its trainer state): which rank
+    holds which RNG streams depends on it."""
+    return {
+        "tp": topology.tp_size,
+        "pp": cfg.parallel.pipe_parallel_size,
+        "dp": topology.dp_size,
+    }
+
+
+def layout_change_notice(saved: dict | None, current: dict[str, int]) -> str | None:
+    """The start-up line of a run resumed at another layout than its checkpoint's (None when
+    the layout is the same, or the checkpoint predates the record). Each rank's dropout and
+    other RNG streams belong to its place in the old layout, so they are not restored."""
+    if not saved or all(saved.get(k) == v for k, v in current.items()):
+        return None
+    old = ",".join(str(saved.get(k, "?")) for k in current)
+    new = ",".join(str(v) for v in current.values())
+    return (
+        f"layout changed from (tp,pp,dp)=({old}) to ({new}): dropout RNG streams restart from "
+        "the seed; the run is not bitwise identical to an uninterrupted one (the data stream "
+        "and the LR schedule continue where the checkpoint stopped)"
+    )
+
+
 def startup_report(
     cfg,
     topology,
@@ -27,8 +52,10 @@ def startup_report(
     train_iters: int,
     dataset_sizes: dict[str, int | None],
     resumed_from: int = 0,
+    layout_notice: str | None = None,
 ) -> str:
-    """Lines printed once by rank 0 before training."""
+    """Lines printed once by rank 0 before training (`layout_notice`: see
+    `layout_change_notice`)."""
     t, m, p = cfg.training, cfg.model, cfg.parallel
     tokens_per_step = t.train_batch_size * m.seq_length
     data = ", ".join(
@@ -56,6 +83,7 @@ def startup_report(
             f"  data: {data}"
             + (" (synthetic tokens: data_impl dummy)" if cfg.data.data_impl == "dummy" else ""),
         ]
+        + ([f"  resume: {layout_notice}"] if layout_notice else [])
     )
 
 
