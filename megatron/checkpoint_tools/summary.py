@@ -64,6 +64,7 @@ def summarize(reader, *, norms: bool = True) -> dict:
         },
         "model": {k: getattr(cfg.model, k, None) for k in MODEL_KEYS},
         "precision": getattr(cfg.precision, "dtype", None),
+        "optimizer": getattr(cfg.optimizer, "optimizer_type", None),
         "size_bytes": _folder_bytes(layout.folder),
         "parameters": total,
         "tensors": params,
@@ -79,10 +80,13 @@ def format_summary(summary: dict) -> str:
         f"layout      tp={lay['model_parallel_size']} pp={lay['pipe_parallel_size']} "
         f"zero={lay['zero_stage']} dp={lay['data_parallel_size']}",
         f"precision   {summary['precision']}, {summary['size_bytes'] / 2**20:.1f} MiB on disk",
+        f"optimizer   {summary['optimizer']}",
         "model       " + ", ".join(f"{k}={v}" for k, v in summary["model"].items()),
         f"parameters  {summary['parameters']:,}",
-        "",
     ]
+    if "resume" in summary:
+        lines.append(f"resume      {summary['resume']['verdict']}: {summary['resume']['reason']}")
+    lines.append("")
     width = max((len(t["name"]) for t in summary["tensors"]), default=10)
     for t in summary["tensors"]:
         shape = "x".join(str(d) for d in t["shape"])
