@@ -27,7 +27,6 @@ from megatron.checkpoint_tools import (  # noqa: E402
     format_summary,
     summarize,
 )
-from megatron.checkpoint_tools.optimizer_state import unmovable_reason  # noqa: E402
 from megatron.checkpoint_tools.reader import load_saved_config  # noqa: E402
 from megatron.checkpoint_tools.reshard import check_layout  # noqa: E402
 from megatron.preflight.checkpoints import _layout_finding  # noqa: E402
@@ -92,10 +91,6 @@ def resume_verdict(reader, target: dict[str, int]) -> dict:
         same = old == (target["tp"], target["pp"], target["dp"])
         note = "" if same else "; dropout RNG streams restart from the seed (not bitwise)"
         return {"verdict": "direct", "reason": f"train.py loads it as it is{note}"}
-    unmovable = unmovable_reason(saved)
-    if unmovable:
-        reason = f"{finding.message}; but its optimizer state cannot be converted: {unmovable}"
-        return {"verdict": "cannot", "reason": reason}
     return {"verdict": "reshard", "reason": finding.message}
 
 
