@@ -3,10 +3,14 @@
     python tools/reshard.py --checkpoint checkpoints --output checkpoints_tp1 \\
         --model-parallel-size 1 --pipe-parallel-size 1
 
-Model weights always move; the optimizer state too when the run had no ZeRO (stage 0) and a
-plain torch optimizer, otherwise the report says it was dropped (resume with
-`no_load_optim: true`). Iteration, consumed samples and the LR schedule carry over: resume
-with `load: {output}` and the new model_parallel_size / pipe_parallel_size.
+Model weights always move, and the optimizer state (Adam moments, step counts, ...) from any
+ZeRO stage 0-3 for the elementwise optimizers; for others the report names the optimizer and
+says it was dropped (resume with `no_load_optim: true`). The output is a ZeRO-0 checkpoint,
+which DeepSpeed loads at any data-parallel size. Iteration, consumed samples, skipped-step
+counters and the LR schedule carry over: resume with `load: {output}`, the new
+model_parallel_size / pipe_parallel_size / number of ranks, and zero_optimization stage 0.
+(Why an offline tool, and DeepSpeed's universal checkpoint's limits for our checkpoints:
+`megatron/checkpoint_tools/reshard.py`.)
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 | `writer`          | `write_checkpoint`: full weights (+ optimizer) at a target layout      |
 | `stages`          | pipeline stage bounds, optimizer parameter numbering per stage         |
 | `optimizer_state` | ZeRO-0 optimizer state by name, merged and re-split                    |
-| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=)`                                |
+| `zero_state`      | ZeRO 1-3 optimizer state by name, from DeepSpeed's flat partitions     |
+| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=)`: any layout/ZeRO -> ZeRO-0    |
 | `hf_export`       | `export_hf`: GPTNeoXForCausalLM / LlamaForCausalLM directory           |
 | `hf_import`       | `import_hf`: a Hugging Face directory -> our checkpoint                |
 | `tokenizer_files` | tokenizer files to and from a Hugging Face directory                   |

@@ -6,10 +6,12 @@ shaped like that rank's shard, numbered in the order of `stages.optimizer_parame
 `read_optimizer_state` names and merges them into full tensors; `shard_optimizer_state`
 splits them for a rank of another layout, numbered for that layout's stage.
 
-Other cases keep their state in forms tied to the old layout, and `read_optimizer_state`
-returns the reason instead: ZeRO stages 1-3 (flat partitions over data-parallel ranks), the
-fp16/bf16 optimizer wrappers (flat fp32 master groups) and optimizers whose state is not
-shaped like the parameters (SM3, 1-bit Adam's error feedback).
+ZeRO stages 1-3 keep the state in flat partitions over the data-parallel ranks;
+`zero_state.py` cuts them back into parameters (fp32 runs). Other cases keep their state in
+forms tied to the old layout, and `read_optimizer_state` returns the reason instead, naming
+the optimizer: the fp16/bf16 optimizer wrappers (flat fp32 master groups) and optimizers
+whose state is not elementwise (`MOVABLE` lists those that are: SM3's per-dimension
+accumulators, 1-bit Adam's error feedback and DisTrO's per-rank momenta are not).
 """
 
 from __future__ import annotations
@@ -31,17 +33,41 @@ class FullOptimizerState:
     """Hyperparameters of each parameter group by its `name` (decay, no_decay)."""
 
 
-def _zero_stage(reader) -> int:
-    return int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)
+# Optimizer types (`megatron/training/optimizers.py::OPTIMIZERS`) whose state is tensors
+# shaped like each parameter plus scalars (step counts): split and merged like the weights.
+MOVABLE = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam", "Lion", "SGD", "madgrad_wd")
+
+
+def _zero_stage(cfg) -> int:
+    return int(getattr(cfg.parallel, "zero_stage", 0) or 0)
+
+
+def unmovable_reason(cfg) -> str:
+    """Why the optimizer state of a run with `cfg` cannot change layout ("" when it can)."""
+    name = cfg.optimizer.optimizer_type
+    if name not in MOVABLE:
+        return (
+            f"optimizer '{name}' keeps state that is not elementwise per parameter (those "
+            f"that can move: {', '.join(MOVABLE)})"
+        )
+    precision = cfg.precision.dtype
+    if _zero_stage(cfg) > 0 and precision != "fp32":
+        return (
+            f"ZeRO with precision {precision}: the state is written for a torch optimizer "
+            "without ZeRO, which only an fp32 run loads"
+        )
+    return ""
 
 
 def read_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
     """`(state, "")`, or `(None, why it cannot be moved)`."""
-    stage_zero = _zero_stage(reader)
-    if stage_zero > 0:
-        return None, (
-            f"ZeRO stage {stage_zero} keeps it in data-parallel partitions of the old layout"
-        )
+    why = unmovable_reason(reader.cfg)
+    if why:
+        return None, why
+    if _zero_stage(reader.cfg) > 0:
+        from megatron.checkpoint_tools.zero_state import read_zero_optimizer_state
+
+        return read_zero_optimizer_state(reader)
     layout, schema = reader.layout, reader.schema
     bounds = stage_bounds(schema, layout.stages, layout.tp)
     full = FullOptimizerState()

@@ -4,11 +4,30 @@
     print(result.report())
 
 Model weights always move (merged to full tensors, split for the target ranks). The optimizer
-state moves too when it is a plain torch optimizer without ZeRO (`optimizer_state.py`);
-otherwise the result says it was dropped and why, and the run resuming from it must set
-`no_load_optim: true`. Iteration, consumed samples, LR schedule and DeepSpeed's counters carry
-over, so a resumed run continues where the source stopped; the per-rank RNG states do not
-(with dropout, the masks after the resume differ from an unbroken run's).
+state moves with them, element for element, from any ZeRO stage: without ZeRO from the torch
+optimizer state in the `mp_rank` files (`optimizer_state.py`), with ZeRO 1-3 from DeepSpeed's
+flat data-parallel partitions (`zero_state.py`), for the elementwise optimizers
+(`optimizer_state.MOVABLE`: Adam moments and step counts, SGD momentum, Lion, ...). For any
+other optimizer, or fp16/bf16 with ZeRO, the result says it was dropped and why, naming the
+optimizer, and the run resuming from it must set `no_load_optim: true`. Iteration, consumed
+samples, LR schedule and the skipped-step counters carry over, so a resumed run continues
+where the source stopped; the per-rank RNG states do not (with dropout, the masks after the
+resume differ from an unbroken run's).
+
+The output is always written without ZeRO (stage 0: module and torch optimizer state in the
+`mp_rank` files), which DeepSpeed loads at any data-parallel size: that is how a run changes
+its number of ranks (dp), its tp/pp layout or its ZeRO stage. The run resuming from it must
+use ZeRO stage 0: a ZeRO 1-3 engine finds no partition files there and DeepSpeed would
+silently start its optimizer afresh, so the pre-flight refuses that
+(`megatron/preflight/checkpoints.py`).
+
+Why an offline tool and not a conversion inside `load`: it is written once and can be
+inspected, the pre-flight can name the exact command, and the conversion needs no process
+group of the old layout. Why not DeepSpeed's universal checkpoint: its converter
+(`ds_to_universal.py`) requires the `universal_checkpoint_info` that Megatron-DeepSpeed models
+save and ours do not, and its `load_universal` path restores ZeRO 1-3 engines only (a ZeRO-0
+run with a torch optimizer has no ZeRO files to restore); the partition reading follows its
+`zero_to_fp32.py` reconstruction instead.
 
 The padded vocabulary follows the target tensor-parallel size as the config system derives it
 (`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
@@ -140,8 +159,15 @@ def reshard_checkpoint(
         overwrite=overwrite,
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
-    if getattr(reader.cfg.parallel, "zero_stage", 0):
-        notes.append("written without ZeRO partitions; a ZeRO run rebuilds them from the weights")
-    target = f"tp={tp}, pp={pp}"
-    opt_text = "resharded" if moved is not None else f"dropped: {why}; resume with no_load_optim"
-    return ReshardResult(folder, reader.layout.describe(), target, opt_text, notes)
+    source_zero = int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)
+    notes.append(
+        "written without ZeRO: resume it with zero_optimization stage 0 (another stage only "
+        "with no_load_optim)"
+    )
+    target = f"tp={tp}, pp={pp}, ZeRO stage 0"
+    opt_text = f"dropped: {why}; resume with no_load_optim"
+    if moved is not None:
+        keys = sorted({k for state in moved.per_param.values() for k in state})
+        opt_text = f"converted from ZeRO stage {source_zero} ({', '.join(keys)})"
+    source = f"{reader.layout.describe()}, ZeRO stage {source_zero}"
+    return ReshardResult(folder, source, target, opt_text, notes)

@@ -12,8 +12,11 @@ are compared through `ModelSchema` (the checkpoint tools' one definition of ever
 full shape, built on the `meta` device from the model code); the error names each model key
 whose value differs, as `megatron/model/hf_config.py` classifies them (every `ModelArgs` field
 not in `NEUTRAL` can change the weights or what they compute). A training run also needs the
-checkpoint's tensor/pipeline layout: DeepSpeed loads only the layout it saved, so another one
-is refused with the `tools/reshard.py` command that converts it.
+checkpoint's layout: DeepSpeed loads only the tensor/pipeline layout it saved, ZeRO partitions
+only at the data-parallel size and ZeRO-or-not they were saved with (a ZeRO engine given a
+checkpoint without partitions would silently start its optimizer afresh); any other layout is
+refused with the `tools/reshard.py` command that converts weights and optimizer state to a
+ZeRO-0 checkpoint of the target layout (`megatron/checkpoint_tools/reshard.py`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from megatron.preflight import ERROR, OK, WARNING, Finding, register
 NAME = "load"
 COMPLETE = "complete"  # `megatron/training/checkpointing.py::COMPLETE` (a test holds them equal)
 _STEP = re.compile(r"^global_step(\d+)(_temporary)?$")
+_ZERO_RANK0 = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt$")
 # The config key a `ModelArgs` field is set by, where the names differ.
 CONFIG_KEY = {field: key for key, field in CONFIG_ONLY.items()}
 
@@ -108,20 +112,57 @@ def shape_differences(saved: ModelArgs, wanted: ModelArgs, *, vocab: bool = True
     return out
 
 
+def _zero_dp(folder: Path) -> int:
+    """Data-parallel ranks of a ZeRO 1-3 save (its partition files of model-parallel rank 0),
+    0 when it has none (ZeRO stage 0: DeepSpeed loads it at any data-parallel size)."""
+    return sum(1 for f in folder.iterdir() if _ZERO_RANK0.match(f.name))
+
+
+def _layout_problem(layout, cfg: Config) -> str:
+    """Why DeepSpeed cannot resume `layout` with `cfg` ("" when it can)."""
+    p, c = cfg.parallel, cfg.checkpointing
+    if (layout.tp, layout.pp, layout.zero3) != (
+        p.model_parallel_size,
+        p.pipe_parallel_size,
+        p.zero_stage == 3,
+    ):
+        return "DeepSpeed loads only the tensor/pipeline layout (and ZeRO-3 or not) it saved"
+    if c.no_load_optim or c.finetune:  # the weights only: no partitions read
+        return ""
+    saved_dp, stage = _zero_dp(layout.folder), p.zero_stage
+    if saved_dp and not stage:
+        return "its optimizer state is in ZeRO partitions, which a run without ZeRO cannot read"
+    if saved_dp and saved_dp != p.data_parallel_size:
+        return (
+            f"its ZeRO partitions are over {saved_dp} data-parallel ranks, the run has "
+            f"{p.data_parallel_size}, and DeepSpeed does not repartition them"
+        )
+    if not saved_dp and stage:
+        return (
+            "it was saved without ZeRO, and a ZeRO engine would find no partitions and start "
+            "its optimizer afresh (resume with zero_optimization stage 0, or no_load_optim)"
+        )
+    return ""
+
+
 def _layout_finding(layout, cfg: Config) -> Finding | None:
-    p = cfg.parallel
-    want = (p.model_parallel_size, p.pipe_parallel_size, p.zero_stage == 3)
-    if (layout.tp, layout.pp, layout.zero3) == want:
+    problem = _layout_problem(layout, cfg)
+    if not problem:
         return None
+    p = cfg.parallel
+    want = (p.model_parallel_size, p.pipe_parallel_size)
     target = f"--model-parallel-size {want[0]} --pipe-parallel-size {want[1]}"
+    dp = _zero_dp(layout.folder)
+    saved_zero = f"ZeRO partitions over {dp} data-parallel rank(s)" if dp else "without ZeRO"
     return Finding(
         NAME,
         ERROR,
-        f"{layout.folder} was saved at {layout.describe()}; the config has "
+        f"{layout.folder} was saved at {layout.describe()} ({saved_zero}); the config has "
         f"model_parallel_size {want[0]}, pipe_parallel_size {want[1]}, zero_stage "
-        f"{p.zero_stage}, and DeepSpeed loads only the layout it saved: run python "
-        f"tools/reshard.py --checkpoint {layout.folder} --output <new folder> {target} and "
-        "load the new folder",
+        f"{p.zero_stage}, data_parallel_size {p.data_parallel_size}: {problem}. Convert it "
+        f"(weights and optimizer state): run python tools/reshard.py --checkpoint "
+        f"{layout.folder} --output <new folder> {target} and load the new folder with "
+        "zero_optimization stage 0",
     )
 
 

@@ -95,10 +95,19 @@ def test_export_refuses_a_model_the_architecture_cannot_express(tmp_path):
         export_hf({}, alibi, tmp_path / "out", architecture="gpt2")
 
 
-def test_zero_optimizer_state_is_reported_as_dropped():
-    reader = SimpleNamespace(cfg=SimpleNamespace(parallel=SimpleNamespace(zero_stage=2)))
-    state, why = read_optimizer_state(reader)
-    assert state is None and "ZeRO stage 2" in why
+def test_optimizer_state_that_cannot_move_is_dropped_naming_the_optimizer():
+    def reader(optimizer, dtype):
+        cfg = SimpleNamespace(
+            parallel=SimpleNamespace(zero_stage=2),
+            optimizer=SimpleNamespace(optimizer_type=optimizer),
+            precision=SimpleNamespace(dtype=dtype),
+        )
+        return SimpleNamespace(cfg=cfg)
+
+    state, why = read_optimizer_state(reader("SM3", "fp32"))
+    assert state is None and "optimizer 'SM3'" in why
+    state, why = read_optimizer_state(reader("Adam", "bf16"))
+    assert state is None and "ZeRO with precision bf16" in why
 
 
 def test_optimizer_state_not_shaped_like_the_parameter_cannot_move():
