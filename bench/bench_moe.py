@@ -152,10 +152,13 @@ def main(argv=None) -> int:
     if moe_cfg.moe.moe_num_experts < 2:
         parser.error(f"{args.configs}: moe_num_experts must be > 1 for a MoE benchmark")
     width = dense_width(moe_cfg)
-    dense = dict(changes, moe_num_experts=1, intermediate_size=width)
-    dense_cfg = resolve(args.configs, args.overrides, **dense)
+    dense_changes = dict(changes, moe_num_experts=1, intermediate_size=width)
+    dense_cfg = resolve(args.configs, args.overrides, **dense_changes)
     batches = fixed_batches(moe_cfg, total)
-    models = {"MoE": Contender(moe_cfg, total), f"dense (ffn {width})": Contender(dense_cfg, total)}
+    # The dense engine is built first: building an engine resets DeepSpeed's group registry,
+    # and the MoE engine's gradient reduction needs its expert groups registered.
+    dense = Contender(dense_cfg, total)
+    models = {"MoE": Contender(moe_cfg, total), f"dense (ffn {width})": dense}
     for i, batch in enumerate(batches):
         for c in models.values():
             c.run(batch, timed=i >= args.warmup)
