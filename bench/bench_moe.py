@@ -155,8 +155,6 @@ def main(argv=None) -> int:
     dense_changes = dict(changes, moe_num_experts=1, intermediate_size=width)
     dense_cfg = resolve(args.configs, args.overrides, **dense_changes)
     batches = fixed_batches(moe_cfg, total)
-    # The dense engine is built first: building an engine resets DeepSpeed's group registry,
-    # and the MoE engine's gradient reduction needs its expert groups registered.
     dense = Contender(dense_cfg, total)
     models = {"MoE": Contender(moe_cfg, total), f"dense (ffn {width})": dense}
     for i, batch in enumerate(batches):
