@@ -1,5 +1,5 @@
 """Our weights -> a Hugging Face model directory (`GPTNeoXForCausalLM`, `LlamaForCausalLM`,
-`MistralForCausalLM`, `Qwen2ForCausalLM` or `Qwen3ForCausalLM`).
+`MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or `MixtralForCausalLM`).
 
     export_hf(reader.state_dict(), reader.args, "hf_out", tokenizer_cfg=reader.cfg.tokenizer)
 
@@ -73,6 +73,7 @@ def hf_config_object(args: ModelArgs, arch: str, vocab_size: int | None, dtype, 
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "mixtral": transformers.MixtralConfig,
     }
     config = config_cls[arch](
         **hf_config(args, arch, vocab_size),

@@ -1,5 +1,6 @@
-"""Our config keys for what Mistral, Qwen2 and Qwen3 add to Llama (the inverse of
-`megatron/model/hf_families.py`): attention biases, QK-norm and the sliding window.
+"""Our config keys for what Mistral, Qwen2, Qwen3 and Mixtral add to Llama (the inverse of
+`megatron/model/hf_families.py` and `hf_mixtral.py`): attention biases, QK-norm, the sliding
+window and Mixtral's MoE block.
 
 `hf_import.model_keys_from_hf` reads these families as Llama (RMSNorm, SwiGLU, GQA, rotary,
 `head_dim`) and then updates its keys with `family_keys`. Qwen's window is per layer; a config
@@ -66,6 +67,22 @@ def family_keys(arch: str, hf: dict) -> dict:
             use_bias_in_attn_linear=False,
             use_bias_in_qkv=True,
             sliding_window_width=_qwen_window(hf),
+        )
+    if arch == "mixtral":
+        jitter = hf.get("router_jitter_noise") or 0.0
+        return dict(
+            use_bias_in_attn_linear=False,
+            use_bias_in_qkv=False,
+            sliding_window_width=_width(hf.get("sliding_window")),
+            moe_num_experts=hf.get("num_local_experts", 8),
+            moe_top_k=hf.get("num_experts_per_tok", 2),
+            moe_router_type="topk",
+            moe_router_weights="softmax_renormalized",
+            moe_lbl_in_fp32=True,  # Mixtral's router softmax is fp32
+            moe_token_dropping=False,
+            expert_interval=1,
+            moe_jitter_eps=float(jitter) if jitter else None,
+            moe_aux_loss_coeff=hf.get("router_aux_loss_coef", 0.001),
         )
     if arch == "qwen3":
         return dict(use_qk_layernorm=True, sliding_window_width=_qwen_window(hf))

@@ -1,5 +1,5 @@
-"""A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2 or Qwen3 model directory -> our checkpoint at
-any tp/pp layout.
+"""A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 or Mixtral model directory -> our
+checkpoint at any tp/pp layout.
 
     result = import_hf("pythia-160m", "checkpoints/pythia", tp=2, pp=2)
 
@@ -29,9 +29,17 @@ from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.tokenizer_files import import_tokenizer
 from megatron.checkpoint_tools.writer import write_checkpoint
 from megatron.config.rope_scaling import check_rope_scaling
-from megatron.model import HF_ARCHITECTURES, ModelArgs, from_hf, hf_config, name_map
+from megatron.model import (
+    HF_ARCHITECTURES,
+    ModelArgs,
+    from_hf,
+    fuse_stored_experts,
+    hf_config,
+    name_map,
+)
+from megatron.model.hf_names import hf_names_of
 
-MODEL_TYPES = {k: k for k in ("gpt_neox", "llama", "mistral", "qwen2", "qwen3")}
+MODEL_TYPES = {k: k for k in ("gpt_neox", "llama", "mistral", "qwen2", "qwen3", "mixtral")}
 # Non-weight tensors some Hugging Face checkpoints carry (recomputed by the model).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 # Keys of a Hugging Face rope dict that are not `rope_scaling` fields (ours: rotary_emb_base,
@@ -185,7 +193,7 @@ def _check_all_used(hf_state: dict, args: ModelArgs, arch: str) -> None:
     table = HF_ARCHITECTURES[arch]
     used = {table.head, *(old for old, _ in table.legacy_names)}
     for target in name_map(args, arch).values():
-        used.update(target if isinstance(target, tuple) else (target,))
+        used.update(hf_names_of(target))
     unused = [k for k in hf_state if k not in used and not k.endswith(IGNORED_SUFFIXES)]
     if unused:
         raise ValueError(f"the Hugging Face weights {unused[:4]} have no place in our model")
@@ -237,6 +245,8 @@ def import_hf(
     schema = ModelSchema(args)
     check_layout(schema, tp, pp)
     hf_state = read_hf_weights(hf_dir)
+    if arch == "mixtral":  # per-expert files -> the stacked tensors of the model
+        hf_state = fuse_stored_experts(hf_state)
     _check_all_used(hf_state, args, arch)
     notes = []
     if hf["vocab_size"] > args.vocab_size:

@@ -128,6 +128,8 @@ register()
 
 def family_of(args: ModelArgs) -> str:
     """The Llama-like class that expresses `args` most directly (for `--architecture auto`)."""
+    if args.moe_num_experts > 1:
+        return "mixtral"
     if args.use_qk_layernorm:
         return "qwen3"
     if args.use_bias_in_qkv and not args.use_bias_in_attn_linear:

@@ -33,6 +33,7 @@ Face's rows up to it, `to_hf(vocab_size=V)` keeps the first V.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,30 @@ import torch
 from megatron.model.args import ModelArgs, choose
 from megatron.model.specs import layer_prefix
 
-Target = str | tuple[str, str, str]
+
+@dataclass(frozen=True)
+class Part:
+    """Chunk `index` of `parts` equal chunks along `dim` of one Hugging Face tensor: two of
+    our tensors stored as one there (Mixtral's experts: `gate_up_proj` = our `w_gate`, `w_in`
+    concatenated along the rows, dim 1 of `(E, 2 ffn, h)`)."""
+
+    name: str
+    index: int
+    parts: int = 2
+    dim: int = 1
+
+    def format(self, **kw) -> Part:
+        return dataclasses.replace(self, name=self.name.format(**kw))
+
+
+Target = str | tuple[str, str, str] | Part
+
+
+def hf_names_of(target: Target) -> tuple[str, ...]:
+    """The Hugging Face tensor names one entry of `name_map` reads."""
+    if isinstance(target, Part):
+        return (target.name,)
+    return target if isinstance(target, tuple) else (target,)
 
 
 @dataclass(frozen=True)
@@ -150,9 +174,9 @@ def name_map(args: ModelArgs, arch: str) -> dict[str, Target]:
         prefix = layer_prefix(args, "layer", i)
         for ours, theirs in table.layer.items():
             names[prefix + ours] = (
-                theirs.format(i=i)
-                if isinstance(theirs, str)
-                else tuple(t.format(i=i) for t in theirs)
+                tuple(t.format(i=i) for t in theirs)
+                if isinstance(theirs, tuple)
+                else theirs.format(i=i)
             )
     for ours, theirs in table.final_norm.items():
         names[layer_prefix(args, "final_norm") + ours] = theirs
@@ -175,6 +199,10 @@ def from_hf(hf_state: dict, args: ModelArgs, arch: str) -> dict[str, torch.Tenso
         if isinstance(theirs, tuple):
             if all(t in hf_state for t in theirs):
                 out[ours] = fuse_qkv(*(hf_state[t] for t in theirs), args)
+        elif isinstance(theirs, Part):
+            if theirs.name in hf_state:
+                whole = hf_state[theirs.name]
+                out[ours] = whole.chunk(theirs.parts, theirs.dim)[theirs.index].clone()
         elif theirs in hf_state:
             tensor = hf_state[theirs]
             if _is_vocab_table(ours) and tensor.shape[0] < args.vocab_size:
@@ -188,17 +216,25 @@ def to_hf(state: dict, args: ModelArgs, arch: str, vocab_size: int | None = None
     """A Hugging Face state dict from our full one; `vocab_size` trims the padded tables.
     With tied embeddings the HF head entry is the embedding tensor itself."""
     table = choose(HF_ARCHITECTURES, "Hugging Face architecture", arch)
-    out = {}
+    out, parts = {}, {}
     for ours, theirs in name_map(args, arch).items():
         if ours not in state:
             continue
         tensor = state[ours]
+        if isinstance(theirs, Part):
+            parts.setdefault(theirs.name, {})[theirs.index] = (theirs, tensor)
+            continue
         if _is_vocab_table(ours) and vocab_size is not None:
             tensor = tensor[:vocab_size]
         if isinstance(theirs, tuple):
             out.update(zip(theirs, split_qkv(tensor, args)))
         else:
             out[theirs] = tensor
+    for name, pieces in parts.items():
+        part = pieces[0][0]
+        if len(pieces) != part.parts:
+            raise ValueError(f"Hugging Face '{name}' needs {part.parts} of our tensors")
+        out[name] = torch.cat([pieces[j][1] for j in range(part.parts)], dim=part.dim)
     if args.tied_embeddings and table.embedding in out:
         out[table.head] = out[table.embedding]
     return out
