@@ -138,6 +138,12 @@ def validate_moe(cfg) -> None:
         "moe_num_experts > 1 with fp16 is not built (the router losses are not loss-scaled); "
         "use bf16 or fp32",
     )
+    _check(
+        ep == 1,
+        f"moe_expert_parallel_size {ep} is not available yet: its multi-process training path "
+        "(DeepSpeed's gradient reduction of experts held by some ranks only) is not verified; "
+        "use moe_expert_parallel_size: 1 (every data-parallel rank holds every expert)",
+    )
     if ep > 1:
         given = [k for k in ("save", "load") if getattr(cfg.checkpointing, k)]
         _check(

@@ -13,11 +13,13 @@
 
 Experts are whole on each rank (not tensor-parallel): with tensor parallelism every rank of a
 tensor-parallel group computes the same experts on the same (replicated) tokens. Expert
-parameters carry `allreduce = False` and `group_name` (DeepSpeed's marks for MoE parameters,
-so its dense gradient all-reduce leaves them out) and `expert_parallel = True`; their
-gradients are averaged over the expert-data-parallel group by
-`megatron/training/moe_grads.py`. Full weights are initialised per expert from the layer's
-seed and each rank keeps its slice, so a seed gives the same model at any `ep`.
+parameters carry `expert_parallel = True`. With `ep > 1` they also carry `allreduce = False`
+and `group_name` (DeepSpeed's marks for MoE parameters, so its dense gradient all-reduce
+leaves them out) and their gradients are averaged over the expert-data-parallel group by
+`megatron/training/moe_grads.py`; with `ep = 1` every rank holds every expert and they are
+ordinary replicated parameters (DeepSpeed only handles its own MoE modules' marks).
+Full weights are initialised per expert from the layer's seed and each rank keeps its
+slice, so a seed gives the same model at any `ep`.
 
 The router losses (`moe_aux_loss_coeff * load_balancing_loss + moe_z_loss_coeff *
 router_z_loss`) enter training through `AuxLossGradient`: the layer output passes through it
@@ -112,9 +114,10 @@ class Experts(nn.Module):
                 self.register_parameter(f"b_{name}", nn.Parameter(torch.zeros(self.local, ffn)))
             self.b_out = nn.Parameter(torch.zeros(self.local, h))
         for p in self.parameters():
-            p.allreduce = False  # DeepSpeed: not in the dense data-parallel all-reduce
-            p.group_name = expert_group_name(ep_size)
             p.expert_parallel = True
+            if ep_size > 1:  # DeepSpeed: not in the dense data-parallel all-reduce
+                p.allreduce = False
+                p.group_name = expert_group_name(ep_size)
 
     def _linear(self, x, name: str, e: int):
         w = getattr(self, f"w_{name}")[e]

@@ -58,7 +58,7 @@ def reduce_expert_gradients(params, topology) -> None:
 def install_expert_grad_reduction(engine, model, topology) -> None:
     """Reduce expert gradients right after each engine gradient reduction (a boundary)."""
     params = expert_parameters(model)
-    if not params:
+    if not params or topology.ep_size == 1:  # every rank holds every expert: dense reduction
         return
     reduce_dense = engine.allreduce_gradients
 

@@ -23,13 +23,8 @@ from tests.unit.training.tiny_run import char_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # two tiny engines on one rank
-# The MoE engine's first step fails in DeepSpeed's buffered_allreduce_fallback: the experts
-# carry allreduce=False/group_name, but DeepSpeed sets has_moe_layers only for its own MoE
-# modules, so its expert_grads dict is empty (KeyError 'ep_size_1'). Strict: flips once fixed.
-KNOWN_BUG = "DeepSpeed engine.has_moe_layers is False for our MoEMLP: KeyError ep_size_1"
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN_BUG)
 def test_tiny_run_reports_both_models(tmp_path):
     out = tmp_path / "tiny.json"
     sets = [f"data_path={char_corpus()}", "tokenizer_type=CharLevelTokenizer",

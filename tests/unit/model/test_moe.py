@@ -208,6 +208,7 @@ def test_hugging_face_export_of_experts_is_refused():
         ("moe_top_k=9", "moe_top_k 9"),
         ("enable_expert_tensor_parallelism=true", "enable_expert_tensor_parallelism"),
         ("moe_expert_parallel_size=3", "moe_expert_parallel_size 3"),
+        ("moe_expert_parallel_size=2", "moe_expert_parallel_size 2 is not available yet"),
         ("sequence_parallel=true", "sequence_parallel"),
     ],
 )
