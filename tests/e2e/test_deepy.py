@@ -140,7 +140,7 @@ def test_mpi_mode_through_mpirun(tmp_path):
 @pytest.mark.parametrize(
     "extra, key, dry_run",
     [
-        ("moe_num_experts: 8\n", "moe_num_experts", False),
+        ("num_unique_layers: 2\n", "num_unique_layers", False),
         ("train_impl: dpo\ndpo_beta: 0.2\n", "dpo_beta", False),
         ("data_impl: cached\n", "data_impl", True),
     ],
