@@ -40,7 +40,7 @@ DISTRO = {"compression_chunk": 64, "compression_topk": 8, "compression_decay": 0
           "quantize_1bit": True}  # fmt: skip
 TINY = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
         "max_position_embeddings": 32, "train_micro_batch_size_per_gpu": 2,
-        "eval_iters": 1}  # fmt: skip
+        "eval_iters": 1, "attention_config": [[["flash"], 2]]}  # fmt: skip
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all_single", "all_reduce_coalesced")  # fmt: skip
 
