@@ -114,6 +114,7 @@ class FakeEngine:
     def __init__(self, fail=False):
         self.fail = fail
         self.loaded = None
+        self.optimizer = None  # no per-rank optimizer state (Distro's) to save
 
     def save_checkpoint(self, save_dir, tag, save_latest=True):
         assert save_latest is False  # our `latest` is the one that counts
