@@ -163,12 +163,12 @@ def test_resume_takes_latest_else_the_newest_complete_of_either_kind(tmp_path, c
     write_latest(tmp_path, "global_step8_temporary")
     assert resume_tag(tmp_path) == "global_step8_temporary"
     write_latest(tmp_path, "global_step10")  # e.g. copied without its marker
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="megatron.training.checkpointing"):
         assert resume_tag(tmp_path) == "global_step8_temporary"
-    assert "global_step10', which is partial" in caplog.text
-    write_latest(tmp_path, "global_step12")
-    assert resume_tag(tmp_path) == "global_step8_temporary"
-    assert "global_step12', which is missing" in caplog.text
+        assert "global_step10', which is partial" in caplog.text
+        write_latest(tmp_path, "global_step12")
+        assert resume_tag(tmp_path) == "global_step8_temporary"
+        assert "global_step12', which is missing" in caplog.text
     assert resume_tag(tmp_path / "nothing") is None
 
 
