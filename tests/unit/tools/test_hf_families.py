@@ -16,7 +16,6 @@ one multi-process run per family would be too slow for CI.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -25,12 +24,18 @@ import torch
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from megatron.checkpoint_tools import CheckpointReader, export_hf, import_hf  # noqa: E402
+from megatron.checkpoint_tools import export_hf  # noqa: E402
 from megatron.checkpoint_tools.hf_import import model_keys_from_hf  # noqa: E402
-from megatron.inference.kv_cache import kv_cache  # noqa: E402
-from megatron.model import build_gpt, hf_config, load_full_state_dict  # noqa: E402
+from megatron.model import hf_config  # noqa: E402
+from tests.unit.tools.hf_tiny import (  # noqa: E402
+    assert_logits_equal,
+    greedy_with_cache,
+    import_and_read,
+    randomise,
+    transformers_greedy,
+)
 
-VOCAB, SEQ, NEW = 128, 12, 6
+VOCAB, NEW = 128, 6
 COMMON = dict(
     vocab_size=VOCAB,
     hidden_size=64,
@@ -57,13 +62,7 @@ def random_hf_model(family: str, **changes):
     config = config_cls(**{**COMMON, **extra, **changes})
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.2 * noise)
-    return model
+    return randomise(transformers.AutoModelForCausalLM.from_config(config))
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -71,47 +70,20 @@ def imported(request, tmp_path_factory):
     family = request.param
     folder = tmp_path_factory.mktemp(family)
     hf = random_hf_model(family)
-    hf.save_pretrained(folder / "hf")
-    import_hf(folder / "hf", folder / "ours", tp=2, pp=2)
-    reader = CheckpointReader(folder / "ours")
-    ours = build_gpt(dataclasses.replace(reader.args, pipe_parallel_size=0)).eval()
-    load_full_state_dict(ours, reader.state_dict())
+    ours, reader = import_and_read(hf, folder)
     return family, hf, ours, reader, folder
 
 
 def test_imported_at_tp2_pp2_gives_transformers_logits(imported):
-    family, hf, ours, reader, _ = imported
-    assert reader.layout.tp == 2 and reader.layout.pp == 2
-    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    positions = torch.arange(SEQ).expand(2, SEQ)
-    with torch.no_grad():
-        expected = hf(input_ids=tokens).logits
-        actual = ours(tokens, positions)[..., :VOCAB]
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-
-
-def greedy_with_cache(model, prompt: torch.Tensor, steps: int) -> list[list[int]]:
-    """Greedy decoding as `generate_batch` does it: prefill, then one token at a time."""
-    batch, length = prompt.shape
-    out = []
-    with torch.no_grad(), kv_cache(model):
-        logits = model(prompt, torch.arange(length).expand(batch, length))
-        for step in range(steps):
-            token = logits[:, -1, :VOCAB].argmax(-1)
-            out.append(token)
-            position = torch.full((batch, 1), length + step)
-            logits = model(token[:, None], position)
-    return torch.stack(out, 1).tolist()
+    _, hf, ours, _, _ = imported
+    assert_logits_equal(hf, ours, VOCAB)
 
 
 def test_greedy_tokens_equal_transformers_generate(imported):
     family, hf, ours, _, _ = imported
     prompt = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        theirs = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)  # fmt: skip
     # 7 + 6 tokens: past both windows, so cached generation must slide too
-    assert greedy_with_cache(ours, prompt, NEW) == theirs[:, 7:].tolist()
+    assert greedy_with_cache(ours, prompt, NEW, VOCAB) == transformers_greedy(hf, prompt, NEW)
 
 
 def test_export_gives_back_the_hf_model_exactly(imported):
