@@ -55,6 +55,15 @@ def levanter_lr(n, minima, *, warmup, rewarmup, decay, shape, peak=PEAK):
     return fn(n - start)
 
 
+def assert_levanter(lrs, minima, *, warmup, rewarmup=0, decay=None, shape):
+    """Every stepped LR equals Levanter's joined schedule at that step."""
+    for n, lr in enumerate(lrs):
+        expected = levanter_lr(
+            n, minima, warmup=warmup, rewarmup=rewarmup, decay=decay, shape=shape
+        )
+        assert lr == pytest.approx(expected, rel=1e-12), (n, lr, expected)
+
+
 def _stepped(cfg, steps):
     """The group LR before the first step and after each of `steps` steps."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)
@@ -86,9 +95,7 @@ def test_rewarmup_zero_jumps_back_to_the_peak(make_config, style, shape):
     lrs = _stepped(cfg, 100)
     assert lrs[39] == pytest.approx(shape(34, 35), rel=1e-12)  # one step before the minimum
     assert lrs[40] == pytest.approx(PEAK, rel=1e-12)
-    for n in range(101):
-        expected = levanter_lr(n, [0, 40, 100], warmup=5, rewarmup=0, decay=None, shape=shape)
-        assert lrs[n] == pytest.approx(expected, rel=1e-12), n
+    assert_levanter(lrs[:101], [0, 40, 100], warmup=5, shape=shape)
 
 
 def test_rewarmup_climbs_linearly_from_the_previous_cycle_end(make_config):
@@ -119,9 +126,7 @@ CYCLE_KEYS = [
 def test_cycle_keys_give_levanters_boundaries(make_config, keys, minima):
     cfg = _config(make_config, train_iters=100, warmup=4, lr_decay_style="linear", **keys)
     lrs = _stepped(cfg, 100)
-    for n in range(101):
-        expected = levanter_lr(n, minima, warmup=4, rewarmup=0, decay=None, shape=neox_linear)
-        assert lrs[n] == pytest.approx(expected, rel=1e-12), (n, lrs[n], expected)
+    assert_levanter(lrs[:101], minima, warmup=4, shape=neox_linear)
 
 
 def test_cycle_decay_leaves_a_stable_phase(make_config):
@@ -132,9 +137,7 @@ def test_cycle_decay_leaves_a_stable_phase(make_config):
     )  # fmt: skip
     lrs = _stepped(cfg, 100)
     assert lrs[5:31] == [PEAK] * 26 and lrs[60:71] == [PEAK] * 11
-    for n in range(101):
-        expected = levanter_lr(n, [0, 50, 100], warmup=5, rewarmup=10, decay=20, shape=optax_cosine)
-        assert lrs[n] == pytest.approx(expected, rel=1e-12), n
+    assert_levanter(lrs[:101], [0, 50, 100], warmup=5, rewarmup=10, decay=20, shape=optax_cosine)
 
 
 def test_wsd_decays_over_the_last_fraction_of_each_cycle(make_config):
@@ -159,9 +162,7 @@ def test_inv_is_levanters_formula_with_and_without_cycles(make_config):
     assert lrs[50] == pytest.approx(MIN, rel=1e-12)
     cfg = _config(make_config, train_iters=50, warmup=0, lr_decay_style="inv", lr_cycles=[20])
     lrs = _stepped(cfg, 50)
-    for n in range(51):
-        expected = levanter_lr(n, [0, 20, 50], warmup=0, rewarmup=0, decay=None, shape=levanter_inv)
-        assert lrs[n] == pytest.approx(expected, rel=1e-12), n
+    assert_levanter(lrs[:51], [0, 20, 50], warmup=0, shape=levanter_inv)
 
 
 def test_decay_iters_bound_the_cycles(make_config):
