@@ -1,0 +1,87 @@
+"""The base of every training objective (`train_impl`), and the sums behind its metrics.
+
+An objective says four things, each in one place:
+
+- what batch it needs: `pairwise` (samples carry `pos`/`neg` halves) and whether it reads
+  reference log-probabilities (`needs_reference`, from a frozen reference model run beside the
+  policy or from the sample's precomputed `ref` keys);
+- how a loader sample becomes model inputs and loss inputs (`model_inputs`): the model gets
+  `(tokens, position_ids)`, the loss `loss_inputs`, a tuple of tensors whose first two are
+  `(labels, loss_mask)` (DeepSpeed's pipeline engine carries any tuple of tensors to the loss
+  on the last stage);
+- the loss on the last stage from the logits (`loss`, installed as `model.loss_fn`);
+- the metrics it logs: `metric_names`, accumulated as sums and counts (`MetricSums`) over the
+  micro-batches of a step and summed over data-parallel ranks, so that a metric is the same
+  at every layout.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+
+class MetricSums:
+    """Per-metric (sum, count) over the micro-batches of one step (or one evaluation)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = tuple(names)
+        self.reset()
+
+    def reset(self) -> None:
+        self.values = torch.zeros(2, len(self.names), dtype=torch.float64)  # (sum, count)
+
+    def add(self, name: str, total, count) -> None:
+        i = self.names.index(name)
+        self.values[0, i] += float(total)
+        self.values[1, i] += float(count)
+
+    def reduce(self, topology=None) -> dict[str, float]:
+        """The metrics as means over every sample of the step, equal on every rank.
+
+        Collective over the whole world when `topology` spans more than one rank: only the
+        ranks that compute the loss (last pipeline stage, tensor-parallel rank 0) contribute,
+        so each sample counts once."""
+        values = self.values.clone()
+        if topology is not None and topology.world_size > 1:
+            if not (topology.is_last_stage and topology.tp_rank == 0):
+                values.zero_()
+            dist.all_reduce(values)
+        self.reset()
+        return {
+            name: float(values[0, i] / values[1, i])
+            for i, name in enumerate(self.names)
+            if values[1, i] > 0
+        }
+
+
+class Objective:
+    """One `train_impl`; subclasses fill in the class attributes and the two methods."""
+
+    name: ClassVar[str]
+    pairwise: ClassVar[bool] = False
+    metric_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg, tp_group=None):
+        self.cfg = cfg
+        self.tp_group = tp_group
+        self.metrics = MetricSums(self.metric_names)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the loss reads reference log-probabilities from a reference model."""
+        return False
+
+    def install(self, model: torch.nn.Module) -> None:
+        """Make `model.loss_fn` this objective's loss (the engines call `module.loss_fn`)."""
+        model.loss_fn = self.loss
+
+    def model_inputs(self, sample: dict, settings):
+        """`((tokens, position_ids), loss_inputs)` for one micro-batch of loader samples."""
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, loss_inputs) -> torch.Tensor:
+        """fp32 scalar loss of one micro-batch from this rank's `(b, s, V/tp)` logits."""
+        raise NotImplementedError
