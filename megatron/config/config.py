@@ -22,6 +22,7 @@ from megatron.config.model import ModelConfig
 from megatron.config.moe import MoEConfig
 from megatron.config.optimizer import OptimizerConfig
 from megatron.config.parallel import ParallelConfig
+from megatron.config.post_training import PostTrainingConfig
 from megatron.config.precision import PrecisionConfig
 from megatron.config.tokenizer import TokenizerConfig
 from megatron.config.training import TrainingConfig
@@ -36,6 +37,7 @@ GROUPS: dict[str, type] = {
     "data": DataConfig,
     "tokenizer": TokenizerConfig,
     "training": TrainingConfig,
+    "post_training": PostTrainingConfig,
     "checkpointing": CheckpointingConfig,
     "logging": LoggingConfig,
     "launcher": LauncherConfig,
@@ -72,6 +74,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    post_training: PostTrainingConfig = field(default_factory=PostTrainingConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -9,6 +9,7 @@ from megatron.config.lr import check_cycle_keys
 from megatron.config.moe import validate_moe
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.parallel import validate_hpz
+from megatron.config.post_training import validate_post_training
 from megatron.config.rope_scaling import check_rope_scaling
 from megatron.config.schema import ConfigError
 from megatron.config.torch_compile import validate_torch_compile
@@ -246,3 +247,4 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_torch_compile(cfg, sources)
     validate_profiling(cfg, sources)
     validate_moe(cfg)
+    validate_post_training(cfg, sources)

@@ -41,6 +41,7 @@ from megatron.training.loss_scaling import SkippedStepGuard
 from megatron.training.monitor import TrainMonitor
 from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
+from megatron.training.objectives import build_objective
 from megatron.training.profiling import ProfilerCallback, ProfileSettings
 from megatron.training.report import (
     final_summary,
@@ -209,6 +210,7 @@ def pretrain(cfg) -> TrainResult:
 
     topology = initialize_distributed(cfg)
     rank = dist.get_rank()
+    build_objective(cfg, topology.tp_group)  # refuses a train_impl that is not built
     seed_everything(cfg.training.seed)
     tokenizer = build_tokenizer(cfg)
     train_iters = resolve_train_iters(cfg)

@@ -41,16 +41,8 @@ NEOX_DEFAULTS = {
     "fp16_lm_cross_entropy": False,
     "bias_gelu_fusion": False,
     "use_bnb_optimizer": False,
-    "train_impl": "normal",
     "dataset_impl": "gpt2",
     "pack_impl": "packed",
-    "dpo_fp32": True,
-    "dpo_reference_free": False,
-    "dpo_beta": 0.1,
-    "kto_fp32": True,
-    "kto_desirable_weight": 1.0,
-    "kto_undesirable_weight": 1.0,
-    "kto_beta": 0.1,
     "allow_chopped": True,
     "short_seq_prob": 0.1,
     "lazy_mpu_init": False,
@@ -116,6 +108,14 @@ NEOX_DEFAULTS = {
 
 # Our keys whose default GPT-NeoX also defines (same file).
 NEOX_DEFAULTS_OF_OUR_KEYS = {
+    "train_impl": "normal",
+    "dpo_fp32": True,
+    "dpo_reference_free": False,
+    "dpo_beta": 0.1,
+    "kto_fp32": True,
+    "kto_desirable_weight": 1.0,
+    "kto_undesirable_weight": 1.0,
+    "kto_beta": 0.1,
     "weight_decay": 0.1,
     "gradient_clipping": 1.0,
     "pos_emb": "learned",
@@ -170,7 +170,6 @@ def test_every_unimplemented_key_has_a_class_and_advice():
     "text, key",
     [
         ("moe_num_experts: 8\nmoe_loss_coeff: 0.5\n", "moe_loss_coeff"),
-        ("train_impl: dpo\n", "train_impl"),
         ("use_mup: true\n", "use_mup"),
         ("num_unique_layers: 1\n", "num_unique_layers"),
         ("soft_prompt_tuning: {enabled: true, num_tokens: 10}\n", "soft_prompt_tuning"),
@@ -194,30 +193,31 @@ def test_keys_that_change_the_run_are_refused_naming_key_and_file(write, text, k
 def test_keys_of_planned_features_say_so(write):
     with pytest.raises(ConfigError, match=r"moe_loss_coeff.*\(planned, not built yet\)"):
         _load(write, "moe_num_experts: 8\nmoe_loss_coeff: 0.5\n")
-    with pytest.raises(ConfigError, match=r"train_impl.*\(planned, not built yet\)"):
-        _load(write, "train_impl: kto\n")
 
 
 def test_every_refusal_is_reported_at_once(write):
     with pytest.raises(ConfigError) as err:
-        _load(write, "train_impl: dpo\ndpo_beta: 0.2\nuse_mup: true\n")
-    assert all(f"'{k}'" in str(err.value) for k in ("train_impl", "dpo_beta", "use_mup"))
+        _load(write, "moe_num_experts: 8\nmoe_loss_coeff: 0.2\nuse_mup: true\nhysteresis: 4\n")
+    keys = ("moe_loss_coeff", "use_mup", "hysteresis")
+    assert all(f"'{k}'" in str(err.value) for k in keys)
 
 
 def test_neox_default_values_pass_silently(write):
     warn: list[str] = []
-    text = "moe_loss_coeff: 0.1\ntrain_impl: normal\noutput_layer_parallelism: column\n"
+    text = "moe_loss_coeff: 0.1\npack_impl: packed\noutput_layer_parallelism: column\n"
     cfg = _load(write, text + "allow_chopped: true\nhysteresis: 2\nuse_mup: false\n", warn=warn)
     assert warn == []
-    assert (
-        cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["train_impl"] == "normal"
-    )
+    assert cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["pack_impl"] == "packed"
 
 
 def test_dependent_keys_without_their_feature_warn(write):
     warn: list[str] = []
-    cfg = _load(write, "moe_loss_coeff: 0.5\ndpo_beta: 0.5\nrpe_num_buckets: 64\n", warn=warn)
-    assert cfg.unimplemented == {"moe_loss_coeff": 0.5, "dpo_beta": 0.5, "rpe_num_buckets": 64}
+    cfg = _load(write, "moe_loss_coeff: 0.5\nmup_init_scale: 2.0\nrpe_num_buckets: 64\n", warn=warn)
+    assert cfg.unimplemented == {
+        "moe_loss_coeff": 0.5,
+        "mup_init_scale": 2.0,
+        "rpe_num_buckets": 64,
+    }
     assert len(warn) == 3 and all("run.yml" in w and "no effect without" in w for w in warn)
     assert any("moe_num_experts > 1" in w for w in warn)
 

@@ -1,0 +1,91 @@
+"""Post-training objectives (`cfg.post_training`), in GPT-NeoX's vocabulary and defaults.
+
+`train_impl` picks the objective (`megatron/training/objectives/`): `normal` (language
+modelling, with label masks for supervised fine-tuning), `dpo` (Rafailov et al. 2023) on
+pairwise data, `kto` (Ethayarajh et al. 2024) on text with a per-sample reward. Both compare
+the policy with a reference model: the frozen starting weights, run beside the policy, or
+log-probabilities stored in the samples (`precompute_model_name`). `validate_post_training`
+refuses what the objective cannot run on, naming the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron.config.schema import ConfigError
+
+
+@dataclass(frozen=True)
+class PostTrainingConfig:
+    train_impl: Literal["normal", "dpo", "kto"] = "normal"
+    """The training objective: `normal` (next-token cross entropy), `dpo` (Direct Preference
+    Optimization on `dataset_impl: pairwise` data: each sample a chosen `pos` and a rejected
+    `neg` sequence), `kto` (Kahneman-Tversky Optimization on text with a reward dataset:
+    positive reward = desirable, negative = undesirable)."""
+
+    dpo_beta: float = 0.1
+    """DPO's beta: the loss is `-log sigmoid(beta * ((log pi(chosen) - log pi(rejected)) -
+    (log ref(chosen) - log ref(rejected))))`, log-probabilities summed over the label tokens of
+    each sequence."""
+
+    dpo_fp32: bool = True
+    """Compute DPO's per-token log-probabilities and sequence sums in fp32; false keeps them in
+    the logits' dtype (bf16/fp16 runs), as GPT-NeoX does."""
+
+    dpo_reference_free: bool = False
+    """DPO without a reference model: the reference log-probabilities are taken as 0."""
+
+    kto_beta: float = 0.1
+    """KTO's beta, the scale of the log-ratio inside the sigmoid."""
+
+    kto_desirable_weight: float = 1.0
+    """KTO's lambda_D, the loss weight of desirable (positive-reward) samples."""
+
+    kto_undesirable_weight: float = 1.0
+    """KTO's lambda_U, the loss weight of undesirable (negative-reward) samples."""
+
+    kto_fp32: bool = True
+    """Compute KTO's per-token log-probabilities and sequence sums in fp32 (see `dpo_fp32`)."""
+
+
+def _src(sources: dict[str, str], key: str) -> str:
+    return f" (in {sources[key]})" if key in sources else ""
+
+
+def validate_post_training(cfg, sources: dict[str, str]) -> None:
+    """Refuse objectives without the data, batch or model they need."""
+    p = cfg.post_training
+    impl = f"train_impl: {p.train_impl}{_src(sources, 'train_impl')}"
+    if p.train_impl == "normal":
+        if p.dpo_reference_free and "dpo_reference_free" in sources:
+            raise ConfigError(
+                f"dpo_reference_free{_src(sources, 'dpo_reference_free')} applies to "
+                "train_impl: dpo only; remove it or set train_impl: dpo"
+            )
+        return
+    if cfg.model.z_loss:
+        raise ConfigError(
+            f"z_loss{_src(sources, 'z_loss')} adds to the language-model loss only; {impl} "
+            "would ignore it: set z_loss: 0"
+        )
+    dataset_impl = getattr(cfg.data, "dataset_impl", "gpt2")
+    want = "pairwise" if p.train_impl == "dpo" else "gpt2"
+    if dataset_impl != want:
+        raise ConfigError(
+            f"{impl} needs dataset_impl: {want} ("
+            + ("chosen/rejected pairs" if want == "pairwise" else "text with rewards")
+            + f"), not {dataset_impl}"
+        )
+    micro = cfg.training.train_micro_batch_size_per_gpu
+    if p.train_impl == "kto" and (micro or 0) % 2:
+        raise ConfigError(
+            f"{impl} compares each half of a micro-batch with the other half's KL estimate: "
+            f"train_micro_batch_size_per_gpu must be even (and >= 2), not {micro}"
+        )
+    for key in ("dpo_beta", "kto_beta"):
+        if getattr(p, key) <= 0:
+            raise ConfigError(f"{key}{_src(sources, key)} must be > 0, got {getattr(p, key)}")
+    for key in ("kto_desirable_weight", "kto_undesirable_weight"):
+        if getattr(p, key) < 0:
+            raise ConfigError(f"{key}{_src(sources, key)} must be >= 0, got {getattr(p, key)}")
