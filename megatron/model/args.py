@@ -7,7 +7,7 @@ every field of `ModelConfig` (`megatron/config/model.py`) except the few in `CON
 and the keys of other groups named in `OTHER_GROUPS` (pipeline layout, sequence parallelism,
 seed). A new model key is added to `ModelConfig` only and reaches the model as `args.<key>`.
 Only values the model reads in another form than the config states are declared here
-(`vocab_size`, `softmax_fusion`).
+(`vocab_size`, `softmax_fusion`, `value_head`).
 
 `ModelArgs(num_layers=..., hidden_size=..., num_attention_heads=..., vocab_size=...,
 seq_length=..., **other_keys)` takes keyword arguments only. `ModelArgs.from_config(cfg)` reads
@@ -65,13 +65,23 @@ def _config_fields() -> tuple[list[tuple], dict[str, str]]:
 
 _CONFIG_FIELDS, _GROUP_OF = _config_fields()
 
+VALUE_HEAD_TRAIN_IMPL = "rm"
+"""The `train_impl` whose model ends in a value head (one scalar per token)."""
+
+
+def _train_impl(cfg) -> str:
+    """The config's `train_impl` (`cfg.post_training`), `normal` when the config has none."""
+    return getattr(getattr(cfg, "post_training", None), "train_impl", None) or "normal"
+
 
 _DOC = """Architecture and model-side parallel settings of one GPT model.
 
 Beyond the config keys (see the module docstring): `vocab_size` is the padded vocabulary (rows
 of the embedding and the output head, divisible by the tensor-parallel size); `softmax_fusion`
 says that `global` layers use the fused scale-mask-softmax path (the kernel where available);
-an empty `layer_attention_types` means all `global`; a null `head_dim` is resolved to
+`value_head` ends the model in a reward model's value head (`train_impl: rm`, see
+`megatron/model/head.py`) instead of the vocabulary projection; an empty
+`layer_attention_types` means all `global`; a null `head_dim` is resolved to
 `hidden_size / num_attention_heads` when the args are made. Layer `i` of the spec list is
 initialised from `seed + i`, so one seed gives the same full model at any tensor/pipeline layout.
 """
@@ -141,6 +151,7 @@ class _ModelArgsMethods:
                 getattr(m, "scaled_upper_triang_masked_softmax_fusion", False)
                 or getattr(m, "scaled_masked_softmax_fusion", False)
             ),
+            value_head=_train_impl(cfg) == VALUE_HEAD_TRAIN_IMPL,
         )
         return cls(**values)
 
@@ -151,6 +162,7 @@ ModelArgs = dataclasses.make_dataclass(
         ("vocab_size", int),
         *_CONFIG_FIELDS,
         ("softmax_fusion", bool, dataclasses.field(default=False)),
+        ("value_head", bool, dataclasses.field(default=False)),
     ],
     bases=(_ModelArgsMethods,),
     frozen=True,

@@ -66,8 +66,15 @@ def parameter_breakdown(args: ModelArgs) -> dict[str, int]:
         "position": args.max_positions * h if args.pos_emb == "learned" else 0,
         "layers": sum(layer_parameters(args, i) for i in range(args.num_layers)),
         "final_norm": _norm_parameters(args, h),
-        "head": 0 if args.tied_embeddings else args.vocab_size * h,
+        "head": _head_parameters(args),
     }
+
+
+def _head_parameters(args: ModelArgs) -> int:
+    """A reward model's `(1, h)` value head, else the untied `(V, h)` head (tied: none)."""
+    if args.value_head:
+        return args.hidden_size
+    return 0 if args.tied_embeddings else args.vocab_size * args.hidden_size
 
 
 def active_parameters(cfg) -> int:

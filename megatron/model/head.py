@@ -1,8 +1,15 @@
-"""The output end of the model: final norm and the untied output head.
+"""The output end of the model: final norm, the untied output head and the value head.
 
 (The tied head is `WordEmbeddingPipe.project_to_vocab`, in `embedding.py`.) Logits stay
 sharded over the vocabulary, `(b, s, V/tp)`: the loss (`loss.py`) is vocab-parallel, so the
 full vocabulary is never gathered.
+
+A reward model (`train_impl: rm`) ends in `ValueHeadPipe` instead: one scalar per token,
+`(b, s)`, from a `(1, h)` weight without bias, `score.weight` (GPT-NeoX's `rm_linear`,
+Hugging Face's `score` of its `...ForSequenceClassification` models). The weight is replicated
+on every tensor-parallel rank, not split: each rank computes the same values from the same
+full hidden states, so the values, the loss and the weight's gradient are identical on every
+rank and need no communication.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from torch import nn
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init
 from megatron.model.norms import build_norm
-from megatron.parallel import ColumnParallelLinear
+from megatron.parallel import ColumnParallelLinear, gather_from_sequence_parallel_region
+from megatron.parallel.comm import group_size
 
 
 class FinalNormPipe(nn.Module):
@@ -49,3 +57,29 @@ class OutputHeadPipe(nn.Module):
             return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)
         # Project from (b, s, h): the logits come out in (b, s, V/tp) without copying them.
         return self.final_linear(hidden.transpose(0, 1))  # (b, s, V/tp)
+
+
+class ValueHeadPipe(nn.Module):
+    """Reward-model head: `(s, b, h)` hidden states -> values `(b, s)` (one per token).
+
+    Under sequence parallelism the hidden states arrive as `(s/tp, b, h)`; the full sequence
+    is gathered first and its gradient only split again on the way back (every rank computes
+    the full gradient), so the replicated weight's gradient is complete on each rank.
+    """
+
+    def __init__(self, args: ModelArgs, tp_group=None):
+        super().__init__()
+        self.tp_group = tp_group
+        self.sequence_parallel = args.sequence_parallel and group_size(tp_group) > 1
+        # (1, h) weight, drawn from the same seed on every tp rank (so equal on all of them)
+        self.score = nn.Linear(args.hidden_size, 1, bias=False)
+        with torch.no_grad():
+            input_init(args)(self.score.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            hidden = gather_from_sequence_parallel_region(
+                hidden, self.tp_group, tensor_parallel_output_grad=False
+            )  # (s, b, h)
+        values = self.score(hidden)  # (s, b, 1)
+        return values.squeeze(-1).transpose(0, 1).contiguous()  # (b, s)

@@ -19,7 +19,9 @@ Our names (`specs.py`): `{index}.{name in layer}`, where index 0 is the word emb
 Outside the layers: word embedding `gpt_neox.embed_in.weight` / `model.embed_tokens.weight`,
 final norm `{L+2}.norm.*` = `gpt_neox.final_layer_norm.*` / `model.norm.weight`, untied head
 `{L+3}.final_linear.weight` = `lm_head.weight` in both (transformers >= 5; the older
-GPT-NeoX name `embed_out.weight`, used by the Pythia checkpoints, is accepted by `from_hf`).
+GPT-NeoX name `embed_out.weight`, used by the Pythia checkpoints, is accepted by `from_hf`);
+a reward model's value head `{L+3}.score.weight` = `score.weight` of the
+`...ForSequenceClassification` class.
 
 Fused QKV: our `query_key_value` rows are grouped per key/value head, `(nkv, nq/nkv + 2, d)`
 (see `attention.py`). GPT-NeoX's `query_key_value` is the same layout with nq = nkv (per head
@@ -136,6 +138,10 @@ LLAMA = HFArchitecture(
 
 HF_ARCHITECTURES: dict[str, HFArchitecture] = {"gpt_neox": GPT_NEOX, "llama": LLAMA}
 
+VALUE_HEAD = "score.weight"
+"""A reward model's value head in every `...ForSequenceClassification` class (the rest of the
+model keeps the causal class's names: `gpt_neox.*` / `model.*`)."""
+
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     """Separate q `(nq d, ...)`, k and v `(nkv d, ...)` -> our grouped `((nq + 2 nkv) d, ...)`."""
@@ -180,7 +186,9 @@ def name_map(args: ModelArgs, arch: str) -> dict[str, Target]:
             )
     for ours, theirs in table.final_norm.items():
         names[layer_prefix(args, "final_norm") + ours] = theirs
-    if not args.tied_embeddings:
+    if args.value_head:  # a reward model: `...ForSequenceClassification`'s `score`
+        names[layer_prefix(args, "head") + "score.weight"] = VALUE_HEAD
+    elif not args.tied_embeddings:
         names[layer_prefix(args, "head") + "final_linear.weight"] = table.head
     return names
 
@@ -235,6 +243,6 @@ def to_hf(state: dict, args: ModelArgs, arch: str, vocab_size: int | None = None
         if len(pieces) != part.parts:
             raise ValueError(f"Hugging Face '{name}' needs {part.parts} of our tensors")
         out[name] = torch.cat([pieces[j][1] for j in range(part.parts)], dim=part.dim)
-    if args.tied_embeddings and table.embedding in out:
+    if args.tied_embeddings and not args.value_head and table.embedding in out:
         out[table.head] = out[table.embedding]
     return out

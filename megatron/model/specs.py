@@ -6,7 +6,9 @@ Layer list (index: layer):
     1          PositionEmbeddingPipe   (input positions, (b, s, h) -> (s, b, h), dropout)
     2 .. L+1   transformer layers      (class chosen by the residual style)
     L+2        FinalNormPipe
-    L+3        OutputHeadPipe, or the tied "embed" module's `project_to_vocab`
+    L+3        OutputHeadPipe, or the tied "embed" module's `project_to_vocab`; for a reward
+               model (`args.value_head`) always ValueHeadPipe (the embedding keeps its name,
+               tied or not, so a language model's checkpoint names still fit)
 
 Parameter names are DeepSpeed's `PipelineModule` names, and the plain `GPTModel` uses the same:
 `{index}.{name inside the layer}`, except the tied embedding, which is
@@ -24,7 +26,7 @@ from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
 from megatron.model.args import ModelArgs
 from megatron.model.embedding import PositionEmbeddingPipe, WordEmbeddingPipe, project_to_vocab
-from megatron.model.head import FinalNormPipe, OutputHeadPipe
+from megatron.model.head import FinalNormPipe, OutputHeadPipe, ValueHeadPipe
 from megatron.model.transformer import TRANSFORMER_LAYERS, transformer_layer_class
 
 EMBED_KEY = "embed"
@@ -74,6 +76,8 @@ def layer_index(args: ModelArgs, part: str, layer: int = 0) -> int:
 
 def layer_prefix(args: ModelArgs, part: str, layer: int = 0) -> str:
     """Parameter-name prefix of `part` (see the module docstring), e.g. `"5."`."""
+    if part == "head" and args.value_head:
+        return f"{layer_index(args, part)}."
     if part in ("embedding", "head") and args.tied_embeddings:
         return f"tied_modules.{EMBED_KEY}."
     return f"{layer_index(args, part, layer)}."
@@ -99,6 +103,8 @@ def gpt_layer_specs(args: ModelArgs, tp_group=None, ep_group=None) -> list[Layer
     else:
         embedding = SeededLayerSpec(seed, WordEmbeddingPipe, args, tp_group)
         head = SeededLayerSpec(seed + layer_index(args, "head"), OutputHeadPipe, args, tp_group)
+    if args.value_head:
+        head = SeededLayerSpec(seed + layer_index(args, "head"), ValueHeadPipe, args, tp_group)
     layer_cls = transformer_layer_class(args)
     specs = [
         embedding,

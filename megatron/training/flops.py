@@ -12,7 +12,7 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
         output projection   2 · nq · d · h
         MLP                 2 · h · f · (3 if gated else 2)   f = inner width per branch
         MoE layer's MLP     k · (expert MLP as above) + 2 · h · E (router)
-    logits                  2 · h · V_padded
+    logits                  2 · h · V_padded     (2 · h for a reward model's value head)
 
 A mixture-of-experts layer (every `expert_interval`-th) counts the `k` experts each token
 runs (tokens dropped over capacity are still counted) and its router, not all `E` experts.
@@ -72,7 +72,7 @@ class ModelShape:
     head_dim: int
     seq_length: int
     vocab_size: int
-    """Rows of the output head: the padded vocabulary."""
+    """Rows of the output head: the padded vocabulary (1 for a reward model's value head)."""
     mlp_inner_size: int
     """Inner width of one MLP branch, as `megatron/model/mlp.py` builds it."""
     gated_mlp: bool
@@ -92,7 +92,7 @@ class ModelShape:
             num_kv_heads=args.kv_heads,
             head_dim=args.head_dim,
             seq_length=args.seq_length,
-            vocab_size=args.vocab_size,
+            vocab_size=1 if args.value_head else args.vocab_size,
             mlp_inner_size=mlp_inner_size(args),
             gated_mlp=build_activation(args.activation).gated,
             moe_layers=sum(is_moe_layer(args, i) for i in range(args.num_layers)),

@@ -88,7 +88,7 @@ def test_unresolved_vocabulary_is_reported():
 def test_every_model_key_is_defined_once_and_reaches_the_model():
     # ModelArgs takes its fields from the config groups: same type and default, and every
     # ModelConfig key is either a ModelArgs field or read into one in another form.
-    own = {"vocab_size", "softmax_fusion"}
+    own = {"vocab_size", "softmax_fusion", "value_head"}
     args_fields = {f.name: f for f in dataclasses.fields(ModelArgs)}
     for name in set(args_fields) - own:
         group = GROUPS[KEY_TO_GROUP[name]]
@@ -120,7 +120,7 @@ def test_config_values_reach_the_model_args():
     )
     args = ModelArgs.from_config(cfg)
     for f in dataclasses.fields(ModelArgs):
-        if f.name not in ("vocab_size", "softmax_fusion", "head_dim"):
+        if f.name not in ("vocab_size", "softmax_fusion", "value_head", "head_dim"):
             assert getattr(args, f.name) == cfg.get(f.name), f.name
     # A null head_dim is resolved to hidden_size / num_attention_heads.
     assert cfg.get("head_dim") is None and args.head_dim == args.hidden_size // 4
