@@ -165,12 +165,14 @@ class DocumentEncoder:
         return ChunkResult(tokens, sizes, len(chunk.records), data_bytes, chunk.raw_bytes, problems)
 
 
-_WORKER_ENCODER: DocumentEncoder | None = None
+_WORKER_ENCODER = None
 
 
-def init_worker(options: EncodeOptions) -> None:
+def init_worker(options, make_encoder=DocumentEncoder) -> None:
+    """Pool initializer: the worker's own encoder (`make_encoder(options)`: DocumentEncoder,
+    or post-training's RecordEncoder)."""
     global _WORKER_ENCODER
-    _WORKER_ENCODER = DocumentEncoder(options)
+    _WORKER_ENCODER = make_encoder(options)
 
 
 def encode_in_worker(chunk) -> ChunkResult:

@@ -63,17 +63,17 @@ class PreprocessSummary:
         return sum(self.tokens.values())
 
 
-def _ordered_map(options: EncodeOptions, chunks, workers: int, tokenizer):
-    """Encoded chunks in input order, in-process for one worker (reusing `tokenizer`), else
-    over a process pool whose workers build their own."""
+def ordered_map(options, chunks, workers: int, tokenizer, make_encoder=DocumentEncoder):
+    """Chunks encoded by `make_encoder(options, tokenizer)` in input order, in-process for one
+    worker (reusing `tokenizer`), else over a process pool whose workers build their own."""
     if workers <= 1:
-        encoder = DocumentEncoder(options, tokenizer)
+        encoder = make_encoder(options, tokenizer)
         for chunk in chunks:
             yield encoder.encode(chunk)
         return
     # spawn: the parent may hold tokenizer threads, which fork would copy mid-state.
     ctx = mp.get_context("spawn")
-    with ctx.Pool(workers, initializer=init_worker, initargs=(options,)) as pool:
+    with ctx.Pool(workers, initializer=init_worker, initargs=(options, make_encoder)) as pool:
         pending = deque()
         for chunk in chunks:
             pending.append(pool.apply_async(encode_in_worker, (chunk,)))
@@ -118,7 +118,7 @@ def preprocess(opts: PreprocessOptions, log=None) -> PreprocessSummary:
             k: stack.enter_context(IndexedDatasetWriter(p, dtype)) for k, p in outputs.items()
         }
         chunks = iter_chunks(files, opts.chunk_bytes)
-        for result in _ordered_map(options, chunks, opts.workers, tokenizer):
+        for result in ordered_map(options, chunks, opts.workers, tokenizer):
             for key, writer in writers.items():
                 writer.add_documents(result.tokens[key], result.sizes[key])
                 summary.documents[key] += len(result.sizes[key])

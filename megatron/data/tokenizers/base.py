@@ -51,6 +51,11 @@ class Tokenizer(ABC):
         """Ids of several texts; subclasses with a batched backend override this."""
         return [self.tokenize(t) for t in texts]
 
+    def tokenize_segment(self, text: str) -> list[int]:
+        """Ids of `text` as one piece of a longer text (a chat turn, a completion after its
+        prompt): without the special tokens (BOS, EOS) the tokenizer adds around a whole text."""
+        return self.tokenize(text)
+
     @cached_property
     def adds_eod(self) -> bool:
         """Whether `tokenize` already ends every text with `eod` (then never append another).

@@ -34,6 +34,9 @@ class _BackendTokenizer(Tokenizer):
         encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         return [e.ids for e in encode(texts)]
 
+    def tokenize_segment(self, text: str) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=False).ids
+
     def detokenize(self, ids) -> str:
         return self._backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
