@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from megatron.training.objectives.base import MetricSums, Objective
 from megatron.training.objectives.lm import LanguageModel
+from megatron.training.objectives.rm import RewardModel
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "normal": LanguageModel,
+    "rm": RewardModel,
 }
 
 
