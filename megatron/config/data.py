@@ -1,4 +1,5 @@
-"""Training data settings (`cfg.data`)."""
+"""Training data settings (`cfg.data`): where the datasets are, how documents become samples
+(`pack_impl`), and the post-training data of GPT-NeoX (pairs, rewards, reference log-probs)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,86 @@ class DataConfig:
 
     test_label_data_paths: list[str] | None = None
     """Per-token label datasets matching `test_data_paths`."""
+
+    pos_train_data_paths: list[str] | None = None
+    """Prefixes of the chosen (preferred) sides of the training pairs, with `dataset_impl:
+    pairwise`; document d of each is pair d."""
+
+    neg_train_data_paths: list[str] | None = None
+    """Prefixes of the rejected sides of the training pairs, one per `pos_train_data_paths`
+    entry, with as many documents."""
+
+    pos_train_label_data_paths: list[str] | None = None
+    """Per-token labels of `pos_train_data_paths` (-100 where no loss, e.g. the prompt);
+    given with `neg_train_label_data_paths` or not at all."""
+
+    neg_train_label_data_paths: list[str] | None = None
+    """Per-token labels of `neg_train_data_paths`."""
+
+    train_reward_data_paths: list[str] | None = None
+    """Per-token rewards of `train_data_paths` (KTO: positive for desirable completions,
+    negative for undesirable), one dataset per data path."""
+
+    pos_valid_data_paths: list[str] | None = None
+    """Prefixes of the chosen (preferred) sides of the validation pairs, with `dataset_impl:
+    pairwise`; document d of each is pair d."""
+
+    neg_valid_data_paths: list[str] | None = None
+    """Prefixes of the rejected sides of the validation pairs, one per `pos_valid_data_paths`
+    entry, with as many documents."""
+
+    pos_valid_label_data_paths: list[str] | None = None
+    """Per-token labels of `pos_valid_data_paths` (-100 where no loss, e.g. the prompt);
+    given with `neg_valid_label_data_paths` or not at all."""
+
+    neg_valid_label_data_paths: list[str] | None = None
+    """Per-token labels of `neg_valid_data_paths`."""
+
+    valid_reward_data_paths: list[str] | None = None
+    """Per-token rewards of `valid_data_paths` (KTO: positive for desirable completions,
+    negative for undesirable), one dataset per data path."""
+
+    pos_test_data_paths: list[str] | None = None
+    """Prefixes of the chosen (preferred) sides of the test pairs, with `dataset_impl:
+    pairwise`; document d of each is pair d."""
+
+    neg_test_data_paths: list[str] | None = None
+    """Prefixes of the rejected sides of the test pairs, one per `pos_test_data_paths`
+    entry, with as many documents."""
+
+    pos_test_label_data_paths: list[str] | None = None
+    """Per-token labels of `pos_test_data_paths` (-100 where no loss, e.g. the prompt);
+    given with `neg_test_label_data_paths` or not at all."""
+
+    neg_test_label_data_paths: list[str] | None = None
+    """Per-token labels of `neg_test_data_paths`."""
+
+    test_reward_data_paths: list[str] | None = None
+    """Per-token rewards of `test_data_paths` (KTO: positive for desirable completions,
+    negative for undesirable), one dataset per data path."""
+
+    dataset_impl: Literal["gpt2", "gpt", "pairwise"] = "gpt2"
+    """What a sample is: `gpt2` (GPT-NeoX's default) a token sequence from `data_path` or
+    `train_data_paths` (with labels, rewards, reference log-probs when given); `pairwise` a
+    chosen/rejected pair from `pos_*`/`neg_*_data_paths` (DPO, reward models), which needs
+    `pack_impl: unpacked` or `pack_until_overflow`. `gpt` is read as `gpt2`."""
+
+    pack_impl: Literal["packed", "pack_until_overflow", "unpacked"] = "packed"
+    """How documents become samples of `seq_length + 1` tokens (GPT-NeoX's rules): `packed`
+    cuts the shuffled token stream across document boundaries (no padding); `pack_until_overflow`
+    fills a sample with whole shuffled documents until the next would overflow it;
+    `unpacked` gives each document its own sample. The last two pad with token 0, label -100,
+    and skip documents whose labels mask all of the first sample."""
+
+    allow_chopped: bool = True
+    """With `pack_until_overflow` or `unpacked`: truncate a document longer than `seq_length
+    + 1` tokens (true), or skip it (false). No effect with `packed`."""
+
+    precompute_model_name: str | None = None
+    """Read per-token reference log-probs of every data (or pos/neg) prefix from
+    `{prefix}_{precompute_model_name}` (GPT-NeoX's naming), as `generate.py` with
+    `text_gen_type: precompute` writes them; the samples then carry `ref` (or `pos_ref`,
+    `neg_ref`)."""
 
     data_impl: Literal["mmap", "cached", "infer", "dummy"] = "infer"
     """Indexed dataset format: `mmap` (the Megatron/GPT-NeoX `.bin/.idx` format) is read;

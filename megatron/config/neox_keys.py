@@ -116,10 +116,7 @@ GATES: dict[str, Gate] = {
     "kto": Gate(("train_impl",), lambda v: v == "kto", "train_impl: kto"),
     "reinforce": Gate(("train_impl",), lambda v: v == "reinforce", "train_impl: reinforce"),
     "online": Gate(("dataset_impl",), lambda v: v == "online", "dataset_impl: online"),
-    "pairwise": Gate(("dataset_impl",), lambda v: v == "pairwise", "dataset_impl: pairwise"),
-    "unpacked": Gate(("pack_impl",), lambda v: v not in (None, "packed"), "pack_impl != packed"),
     "unique": Gate(("num_unique_layers",), lambda v: v is not None, "num_unique_layers"),
-    "precompute": Gate(("text_gen_type",), lambda v: v == "precompute", "text_gen_type"),
     "te": Gate(
         ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha"),
         bool,
@@ -172,7 +169,6 @@ def _pending(issue, advice, *defaults, gate=None):
 
 _MOE = "a key of DeepSpeed's MoE layer (moe_type: deepspeed), which is not built"
 _DPO = "DPO/KTO/reward-model training is not implemented here yet"
-_PAIRS = "pairwise (preference) datasets are not read here yet"
 _TE = "TransformerEngine layers are not built here"
 _MUP = "muP parametrisation is not implemented here"
 _OURS_FP32 = "the output cross entropy is always computed in fp32 here"
@@ -244,10 +240,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "create_moe_param_group": _pending(13, _MOE, True, gate="moe"),
     "use_tutel": _none("Tutel MoE kernels (MoE is refused)", False),
     # objectives and datasets (issue 12)
-    "dataset_impl": _pending(12, _PAIRS, "gpt2"),
-    "pack_impl": _pending(12, "only GPT-NeoX's default packing is implemented", "packed"),
-    "allow_chopped": _pending(12, "unpacked datasets are not implemented", True, gate="unpacked"),
-    "precompute_model_name": _pending(12, "precompute is not supported", None, gate="precompute"),
     "fp32_reinforce": _refused(_REINFORCE, True, gate="reinforce"),
     "kl_impl": _refused(_REINFORCE, "mse", gate="reinforce"),
     "kl_div_beta": _refused(_REINFORCE, 0.1, gate="reinforce"),
@@ -256,16 +248,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     ),
     "online_dataserver_ips": _refused(_ONLINE, "localhost", gate="online"),
     "online_dataserver_ports": _refused(_ONLINE, 10000, gate="online"),
-    **{
-        f"{split}_reward_data_paths": _pending(12, _DPO, None, gate="kto")
-        for split in ("train", "valid", "test")
-    },
-    **{
-        f"{side}_{split}_{kind}_paths": _pending(12, _PAIRS, None, gate="pairwise")
-        for split in ("train", "valid", "test")
-        for side in ("pos", "neg")
-        for kind in ("data", "label_data")
-    },
     # optimizer, data and schedule
     "use_bnb_optimizer": _refused("bitsandbytes 8-bit optimizers are not implemented", False),
     "short_seq_prob": _refused("short-sequence sampling is not implemented", 0.1),

@@ -144,11 +144,17 @@ def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
         )
 
 
+_SPLITS = ("train", "valid", "test")
+_SPLIT_PATH_KEYS = tuple(f"{s}_{k}data_paths" for s in _SPLITS for k in ("", "label_", "reward_"))
+_PAIR_PATH_KEYS = tuple(
+    f"{side}_{s}_{k}data_paths" for s in _SPLITS for side in ("pos", "neg") for k in ("", "label_")
+)
+
+
 def validate_dummy_data(cfg: Config, sources: dict[str, str]) -> None:
     """`data_impl: dummy` reads no files: a data path or an epoch count would be ignored."""
     d = cfg.data
-    splits, kinds = ("train", "valid", "test"), ("", "label_")
-    paths = ("data_path",) + tuple(f"{s}_{k}data_paths" for s in splits for k in kinds)
+    paths = ("data_path", "precompute_model_name") + _SPLIT_PATH_KEYS + _PAIR_PATH_KEYS
     given = [key for key in paths if getattr(d, key)]
     if given:
         raise ConfigError(
@@ -177,19 +183,93 @@ def validate_data(cfg: Config, sources: dict[str, str]) -> None:
             f"split '{d.split}'{_src(sources, 'split')} is not valid; expected up to three "
             "non-negative numbers such as '949,50,1' (train, valid, test)"
         )
-    for kind in ("train", "valid", "test"):
-        paths = getattr(d, f"{kind}_data_paths")
+    pairwise = d.dataset_impl == "pairwise"
+    for kind in _SPLITS:
+        paths_key = f"pos_{kind}_data_paths" if pairwise else f"{kind}_data_paths"
+        paths = getattr(d, paths_key)
         weights = getattr(d, f"{kind}_data_weights")
         if weights is not None and (paths is None or len(weights) != len(paths)):
             key = f"{kind}_data_weights"
             raise ConfigError(
                 f"{key}{_src(sources, key)} has {len(weights)} weights but "
-                f"{kind}_data_paths has {len(paths or [])} paths; give one weight per path"
+                f"{paths_key} has {len(paths or [])} paths; give one weight per path"
             )
-        labels = getattr(d, f"{kind}_label_data_paths")
-        if labels is not None and (paths is None or len(labels) != len(paths)):
-            key = f"{kind}_label_data_paths"
-            raise ConfigError(f"{key}{_src(sources, key)} needs one label dataset per data path")
+        for extra in ("label", "reward"):
+            key = f"{kind}_{extra}_data_paths"
+            values = getattr(d, key)
+            if not pairwise and values is not None and (paths is None or len(values) != len(paths)):
+                raise ConfigError(
+                    f"{key}{_src(sources, key)} needs one {extra} dataset per data path "
+                    f"({paths_key} has {len(paths or [])})"
+                )
+    validate_post_training_data(cfg, sources)
+
+
+def validate_post_training_data(cfg: Config, sources: dict[str, str]) -> None:
+    """`dataset_impl`, `pack_impl` and the pos/neg/reward paths (GPT-NeoX's post-training
+    data): every path given is read, every pair is whole."""
+    d = cfg.data
+    if cfg.training.train_epochs and (d.pack_impl != "packed" or d.dataset_impl == "pairwise"):
+        raise ConfigError(
+            f"train_epochs{_src(sources, 'train_epochs')} needs pack_impl: packed and dataset_impl:"
+            f" gpt2 (as in GPT-NeoX), not {d.pack_impl} / {d.dataset_impl}; set train_iters"
+        )
+    if d.dataset_impl != "pairwise":
+        given = [k for k in _PAIR_PATH_KEYS if getattr(d, k) is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}{_src(sources, *given)} are read only with dataset_impl: "
+                f"pairwise (it is {d.dataset_impl}); set dataset_impl: pairwise, or remove them"
+            )
+        rewarded = [s for s in _SPLITS if getattr(d, f"{s}_reward_data_paths")]
+        lacking = [s for s in _SPLITS if getattr(d, f"{s}_data_paths") and s not in rewarded]
+        if rewarded and lacking:
+            keys = [f"{s}_reward_data_paths" for s in lacking]
+            raise ConfigError(
+                f"{', '.join(keys)} missing: {rewarded[0]}_reward_data_paths is set, so every "
+                "split read needs its rewards (KTO weighs each sample by them)"
+            )
+        return
+    if d.pack_impl == "packed":
+        raise ConfigError(
+            f"dataset_impl: pairwise{_src(sources, 'dataset_impl', 'pack_impl')} cannot use "
+            "pack_impl: packed (it would cut chosen and rejected at different places); set "
+            "pack_impl: unpacked or pack_until_overflow"
+        )
+    ignored = [k for k in ("data_path",) + _SPLIT_PATH_KEYS if getattr(d, k)]
+    if ignored:
+        raise ConfigError(
+            f"{', '.join(ignored)}{_src(sources, *ignored)} not read with dataset_impl: pairwise"
+            " (it reads pos_*/neg_*_data_paths); remove them"
+        )
+    if not d.pos_train_data_paths:
+        raise ConfigError(
+            "dataset_impl: pairwise needs pos_train_data_paths and neg_train_data_paths (the "
+            "chosen and rejected sides of the training pairs)"
+        )
+    for split in _SPLITS:
+        _validate_pairs(d, split, sources)
+
+
+def _validate_pairs(d, split: str, sources: dict[str, str]) -> None:
+    pos, neg = getattr(d, f"pos_{split}_data_paths"), getattr(d, f"neg_{split}_data_paths")
+    n = len(pos or [])
+    for kind in ("data", "label_data"):
+        keys = [f"{side}_{split}_{kind}_paths" for side in ("pos", "neg")]
+        a, b = (getattr(d, k) for k in keys)
+        if (a is None) != (b is None):
+            have, lack = keys if a is not None else keys[::-1]
+            raise ConfigError(
+                f"{have}{_src(sources, have)} is set but {lack} is not: give both sides of the "
+                "pairs, or neither"
+            )
+        if a is not None and (len(a) != n or len(b) != n):
+            raise ConfigError(
+                f"{keys[0]} and {keys[1]}{_src(sources, *keys)} have {len(a)} and {len(b)} "
+                f"entries; give one per pos_{split}_data_paths entry ({n})"
+            )
+    if neg is None and pos is None and getattr(d, f"pos_{split}_label_data_paths"):
+        raise ConfigError(f"pos_{split}_label_data_paths needs pos_{split}_data_paths")
 
 
 def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:

@@ -1,8 +1,8 @@
 """Train/valid/test datasets from the data settings: one prefix split by `split`, or explicit
-per-split prefixes, blended by weight.
+per-split prefixes (text, or pos/neg pairs with `dataset_impl: pairwise`), blended by weight.
 
     datasets = build_train_valid_test_datasets(cfg, num_samples_from_config(cfg))
-    train, valid, test = datasets      # GPTDataset, BlendableDataset or None
+    train, valid, test = datasets  # GPTDataset, PairwiseDataset, BlendableDataset or None
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from megatron.data.blendable_dataset import (
     weights_by_num_docs,
 )
 from megatron.data.dummy_dataset import build_dummy_datasets
-from megatron.data.gpt_dataset import GPTDataset
-from megatron.data.indexed_dataset import MMapIndexedDataset, indexed_dataset_exists
+from megatron.data.sources import gpt_source, open_prefix, split_sources
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -43,6 +42,25 @@ class DataSettings:
     train_label_data_paths: tuple[str, ...] | None = None
     valid_label_data_paths: tuple[str, ...] | None = None
     test_label_data_paths: tuple[str, ...] | None = None
+    train_reward_data_paths: tuple[str, ...] | None = None
+    valid_reward_data_paths: tuple[str, ...] | None = None
+    test_reward_data_paths: tuple[str, ...] | None = None
+    dataset_impl: str = "gpt2"
+    pos_train_data_paths: tuple[str, ...] | None = None
+    pos_train_label_data_paths: tuple[str, ...] | None = None
+    neg_train_data_paths: tuple[str, ...] | None = None
+    neg_train_label_data_paths: tuple[str, ...] | None = None
+    pos_valid_data_paths: tuple[str, ...] | None = None
+    pos_valid_label_data_paths: tuple[str, ...] | None = None
+    neg_valid_data_paths: tuple[str, ...] | None = None
+    neg_valid_label_data_paths: tuple[str, ...] | None = None
+    pos_test_data_paths: tuple[str, ...] | None = None
+    pos_test_label_data_paths: tuple[str, ...] | None = None
+    neg_test_data_paths: tuple[str, ...] | None = None
+    neg_test_label_data_paths: tuple[str, ...] | None = None
+    pack_impl: str = "packed"
+    allow_chopped: bool = True
+    precompute_model_name: str | None = None
     weight_by_num_documents: bool = False
     weighted_sampler_alpha: float = 1.0
     data_cache_path: str | None = None
@@ -60,6 +78,8 @@ class DataSettings:
             if name not in ("seq_length", "seed") and hasattr(data, name)
         }
         fields["vocab_size"] = getattr(cfg.model, "padded_vocab_size", None)
+        if fields.get("dataset_impl") == "gpt":  # the issue's spelling of GPT-NeoX's gpt2
+            fields["dataset_impl"] = "gpt2"
         for name, value in fields.items():
             if isinstance(value, list):
                 fields[name] = tuple(value)
@@ -87,68 +107,36 @@ def parse_split(split: str, num_docs: int) -> list[int]:
     return [0] + [max(0, b - diff) for b in bounds[1:]]
 
 
-def _open(prefix: str, key: str, settings: DataSettings) -> MMapIndexedDataset:
-    if settings.data_impl not in ("mmap", "infer"):
-        raise ValueError(
-            f"data_impl: {settings.data_impl!r} is not supported; only 'mmap' datasets are read"
-        )
-    if not indexed_dataset_exists(prefix):
-        hint = ""
-        if indexed_dataset_exists(f"{prefix}_text_document"):
-            hint = f" (did you mean {prefix}_text_document?)"
-        raise FileNotFoundError(f"{key}: no {prefix}.bin/.idx pair{hint}")
-    return MMapIndexedDataset(prefix, warmup=settings.mmap_warmup)
-
-
 def _cache_prefix(prefix: str, settings: DataSettings) -> str:
     if settings.data_cache_path:
         return str(Path(settings.data_cache_path) / Path(prefix).name)
     return prefix
 
 
-def _gpt(name, indexed, documents, num_samples, settings, label=None, prefix=""):
-    return GPTDataset(
-        name, indexed, documents, num_samples, settings.seq_length, settings.seed,
-        cache_prefix=_cache_prefix(prefix, settings), label_dataset=label,
-        use_shared_fs=settings.use_shared_fs,
-    )  # fmt: skip
-
-
 def _build_explicit(name: str, num_samples: int, settings: DataSettings):
-    prefixes = getattr(settings, f"{name}_data_paths") or ()
-    labels = getattr(settings, f"{name}_label_data_paths")
-    weights = getattr(settings, f"{name}_data_weights")
-    if not prefixes or num_samples <= 0:
+    sources = split_sources(name, settings)
+    if not sources or num_samples <= 0:
         return None
-    if labels is not None and len(labels) != len(prefixes):
-        raise ValueError(
-            f"{name}_label_data_paths has {len(labels)} entries but {name}_data_paths "
-            f"has {len(prefixes)}; give one label dataset per data path"
-        )
-    indexed = [_open(p, f"{name}_data_paths[{i}]", settings) for i, p in enumerate(prefixes)]
-    label_sets = [None] * len(prefixes)
-    if labels is not None:
-        label_sets = [
-            _open(p, f"{name}_label_data_paths[{i}]", settings) for i, p in enumerate(labels)
-        ]
+    weights = getattr(settings, f"{name}_data_weights")
     if settings.weight_by_num_documents:
         weights = weights_by_num_docs(
-            [d.num_docs for d in indexed], settings.weighted_sampler_alpha
+            [s.main.num_docs for s in sources], settings.weighted_sampler_alpha
         )
     elif weights is None:
-        weights = [1.0] * len(prefixes)
-    elif len(weights) != len(prefixes):
+        weights = [1.0] * len(sources)
+    elif len(weights) != len(sources):
+        paths = "pos_" if settings.dataset_impl == "pairwise" else ""
         raise ValueError(
-            f"{name}_data_weights has {len(weights)} entries but {name}_data_paths has "
-            f"{len(prefixes)}"
+            f"{name}_data_weights has {len(weights)} entries but {paths}{name}_data_paths has "
+            f"{len(sources)}"
         )
     weights = normalize_weights(weights, f"{name}_data_weights")
     # GPT-NeoX sizes every dataset of explicit paths as a blend, a lone one too: its share
     # plus 0.5%, which sets its epochs and so its shuffle.
     counts = neox_num_samples(weights, num_samples)
     datasets = [
-        _gpt(name, ds, np.arange(len(ds), dtype=np.int32), n, settings, label, prefix)
-        for ds, label, n, prefix in zip(indexed, label_sets, counts, prefixes)
+        s.make(name, np.arange(len(s.main), dtype=np.int32), n, _cache_prefix(s.prefix, settings))
+        for s, n in zip(sources, counts)
     ]
     if len(datasets) == 1:  # a blend of one reads it in order
         return datasets[0]
@@ -156,17 +144,16 @@ def _build_explicit(name: str, num_samples: int, settings: DataSettings):
 
 
 def _build_from_split(num_samples: list[int], settings: DataSettings):
-    indexed = _open(settings.data_path, "data_path", settings)
-    bounds = parse_split(settings.split, len(indexed))
+    source = gpt_source(settings, settings.data_path, "data_path")
+    bounds = parse_split(settings.split, len(source.main))
+    cache_prefix = _cache_prefix(settings.data_path, settings)
     out = []
     for i, name in enumerate(SPLIT_NAMES):
         documents = np.arange(bounds[i], bounds[i + 1], dtype=np.int32)
         if documents.size == 0 or num_samples[i] <= 0:
             out.append(None)
             continue
-        out.append(
-            _gpt(name, indexed, documents, num_samples[i], settings, prefix=settings.data_path)
-        )
+        out.append(source.make(name, documents, num_samples[i], cache_prefix))
     return tuple(out)
 
 
@@ -177,7 +164,7 @@ def build_datasets(settings: DataSettings, train_valid_test_num_samples):
         return build_dummy_datasets(
             num_samples, settings.seq_length, settings.vocab_size, settings.seed
         )
-    if settings.train_data_paths:
+    if settings.train_data_paths or settings.dataset_impl == "pairwise":
         return tuple(_build_explicit(n, k, settings) for n, k in zip(SPLIT_NAMES, num_samples))
     if not settings.data_path:
         raise ValueError("no data: set `data_path` (with `split`) or `train_data_paths`")
@@ -216,14 +203,19 @@ def train_samples_per_epoch(cfg) -> int:
     """Training samples in one pass over the training data (to turn `train_epochs` into
     `train_iters`): for blended data, the sum over the datasets."""
     s = DataSettings.from_config(cfg)
+    if s.pack_impl != "packed" or s.dataset_impl != "gpt2":
+        raise ValueError(
+            "train_epochs needs dataset_impl: gpt2 with pack_impl: packed (as in GPT-NeoX); "
+            "set train_iters instead"
+        )
     if s.data_impl == "dummy":
         raise ValueError(
             "train_epochs with data_impl: dummy: synthetic data has no epochs; set train_iters"
         )
     if s.train_data_paths:
-        sizes = [_open(p, "train_data_paths", s).num_tokens for p in s.train_data_paths]
+        sizes = [open_prefix(p, "train_data_paths", s).num_tokens for p in s.train_data_paths]
     else:
-        indexed = _open(s.data_path, "data_path", s)
+        indexed = open_prefix(s.data_path, "data_path", s)
         bounds = parse_split(s.split, len(indexed))
         sizes = [int(indexed.sizes[bounds[0] : bounds[1]].sum(dtype=np.int64))]
     return sum(max(0, (n - 1) // s.seq_length) for n in sizes)

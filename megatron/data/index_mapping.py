@@ -9,8 +9,10 @@ Three arrays, built once from a seeded RNG and cached as `.npy` files beside the
 
 The RNG calls match GPT-NeoX (`np.random.RandomState(seed)`, doc_idx shuffled before
 shuffle_idx), so the same data, seed, sequence length and sample count give its arrays.
-The files are keyed by a hash of everything that shapes them, written under temporary names
-and renamed, and built by one rank (per node when nodes do not share a file system) while the
+The padded packings (`pack_impl: pack_until_overflow | unpacked`) build the same three arrays
+by the rules of `packing.py`. The files are keyed by the `pack_impl` (in the name, as GPT-NeoX
+names them) and a hash of everything that shapes them, written under temporary names and
+renamed, and built by one rank (per node when nodes do not share a file system) while the
 others wait at a barrier.
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from megatron.data.index_helpers import index_helpers
+from megatron.data.packing import DocumentRules, padded_packing
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +65,21 @@ def _doc_sizes(sizes: np.ndarray, documents: np.ndarray) -> np.ndarray:
     return sizes[documents]
 
 
-def cache_key(doc_sizes, documents, num_samples: int, seq_length: int, seed: int) -> str:
+def cache_key(
+    doc_sizes, documents, num_samples: int, seq_length: int, seed: int, packing=None
+) -> str:
     """Hash of everything that determines the three arrays (not the path, which may differ
-    between nodes mounting the same data)."""
+    between nodes mounting the same data). `packing`: for a padded pack_impl, its settings
+    (JSON-able) and the size arrays of every side."""
     h = hashlib.blake2b(digest_size=10)
     params = dict(v=INDEX_FORMAT_VERSION, n=num_samples, s=seq_length, seed=seed)
+    if packing is not None:
+        params["packing"] = packing[0]
     h.update(json.dumps(params, sort_keys=True).encode())
     h.update(np.ascontiguousarray(documents, dtype=np.int64).tobytes())
     h.update(np.ascontiguousarray(doc_sizes, dtype=np.int32).tobytes())
+    for sizes in packing[1] if packing is not None else ():
+        h.update(np.ascontiguousarray(sizes, dtype=np.int32).tobytes())
     return h.hexdigest()
 
 
@@ -130,6 +140,28 @@ def load_index_mappings(paths: dict[str, Path]) -> dict[str, np.ndarray]:
     return {kind: np.load(path, mmap_mode="r", allow_pickle=False) for kind, path in paths.items()}
 
 
+def _build_padded_and_save(paths, packing, rules: DocumentRules, num_samples: int, seed: int):
+    start = time.perf_counter()
+    paths["doc_idx"].parent.mkdir(parents=True, exist_ok=True)
+    arrays = packing.build(rules, num_samples, seed)
+    for kind, array in zip(KINDS, arrays):
+        _save_atomic(paths[kind], array)
+    logger.info(
+        "built %s: %d %s samples of %d documents in %.2f s", paths["doc_idx"].name, num_samples,
+        packing.name, arrays[0].size, time.perf_counter() - start,
+    )  # fmt: skip
+
+
+def _index_paths(name, cache_prefix, num_samples, seq_length, seed, pack_impl, rules, key):
+    # GPT-NeoX's name (with its `_{pack_impl}pi` and `_ac` parts), then our content hash.
+    chopped = "_ac" if rules is None or rules.allow_chopped else ""
+    base = (
+        f"{cache_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_"
+        f"{pack_impl}pi{chopped}_{key}"
+    )
+    return {kind: Path(f"{base}_{kind}.npy") for kind in KINDS}
+
+
 def build_index_mappings(
     name: str,
     cache_prefix: str | Path,
@@ -139,12 +171,15 @@ def build_index_mappings(
     seq_length: int,
     seed: int,
     use_shared_fs: bool = True,
+    pack_impl: str = "packed",
+    rules: DocumentRules | None = None,
 ) -> IndexMappings:
     """Load the cached index arrays for this split, building them first when missing.
 
     Collective when torch.distributed is initialised: every rank must call it in the same
     order. `cache_prefix` is the data prefix (files go beside the data) or a path in
-    `data_cache_path`. Raises ValueError naming the split when it has too few tokens.
+    `data_cache_path`. A padded `pack_impl` needs the split's `rules` (packing.py). Raises
+    ValueError naming the split when it has too few tokens.
     """
     documents = np.asarray(documents, dtype=np.int32)
     doc_sizes = _doc_sizes(sizes, documents)
@@ -154,17 +189,31 @@ def build_index_mappings(
             f"{cache_prefix} ({name} split): {documents.size} documents hold {tokens_per_epoch} "
             "tokens; a sample needs at least 2. Give this split more documents (`split`)."
         )
-    num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
-    key = cache_key(doc_sizes, documents, num_samples, seq_length, seed)
-    base = f"{cache_prefix}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{key}"
-    paths = {kind: Path(f"{base}_{kind}.npy") for kind in KINDS}
+    packing, hashed = None, None
+    if pack_impl != "packed":
+        packing = padded_packing(pack_impl, rules.pairwise)
+        settings = dict(
+            impl=pack_impl, chopped=rules.allow_chopped, pairwise=rules.pairwise,
+            labels=rules.all_masked is not None,
+        )  # fmt: skip
+        hashed = (settings, [s[documents] for s in rules.sizes])
+        num_epochs = 0  # documents are drawn pass after pass as needed, not by epochs
+    else:
+        num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
+    key = cache_key(doc_sizes, documents, num_samples, seq_length, seed, hashed)
+    paths = _index_paths(name, cache_prefix, num_samples, seq_length, seed, pack_impl, rules, key)
 
     dist = _distributed()
     built = _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values())
     error = None
     if built:
         try:
-            _build_and_save(paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed)
+            if packing is None:
+                _build_and_save(
+                    paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed
+                )
+            else:
+                _build_padded_and_save(paths, packing, rules, num_samples, seed)
         except BaseException as e:  # reach the barrier anyway, or the other ranks hang there
             error = e
     if dist is not None:

@@ -118,21 +118,22 @@ pos_train_data_path neg_train_data_path
 """.split()
 
 
-def test_renamed_key_of_an_unimplemented_feature_warns(tmp_path):
+def test_renamed_pairwise_key_is_read_as_the_list_key(tmp_path):
     path = tmp_path / "dpo.yml"
     path.write_text(
         (FIXTURES / "neox_guide_example.yml")
         .read_text()
-        .replace('"split": "949,50,1",', '"split": "949,50,1",\n"pos_train_data_path": "d/pos",')
+        .replace(
+            '"split": "949,50,1",',
+            '"split": "949,50,1",\n"dataset_impl": "pairwise", "pack_impl": "unpacked",\n'
+            '"pos_train_data_path": "d/pos", "neg_train_data_path": "d/neg",',
+        )
     )
     warn: list[str] = []
     cfg = load_config([path], warn=warn)
-    assert cfg.unimplemented == {"pos_train_data_paths": ["d/pos"]}
+    assert cfg.data.pos_train_data_paths == ["d/pos"] and cfg.data.neg_train_data_paths == ["d/neg"]
+    assert "pos_train_data_paths" not in cfg.unimplemented
     assert any("now called 'pos_train_data_paths'" in w for w in warn)
-    assert any(
-        "'pos_train_data_paths'" in w and "no effect without dataset_impl: pairwise" in w
-        for w in warn
-    )
 
 
 def test_neox_vocabulary_is_covered():

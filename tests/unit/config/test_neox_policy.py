@@ -41,9 +41,6 @@ NEOX_DEFAULTS = {
     "fp16_lm_cross_entropy": False,
     "bias_gelu_fusion": False,
     "use_bnb_optimizer": False,
-    "dataset_impl": "gpt2",
-    "pack_impl": "packed",
-    "allow_chopped": True,
     "short_seq_prob": 0.1,
     "lazy_mpu_init": False,
     "adlr_autoresume": False,
@@ -70,7 +67,6 @@ NEOX_DEFAULTS = {
     "mup_embedding_mult": 1.0,
     "mup_rp_embedding_mult": 1.0,
     "mup_width_scale": 2,
-    "precompute_model_name": None,
     "return_logits": False,
     "wandb_init_all_ranks": False,
     "log_grad_pct_zeros": False,
@@ -176,7 +172,6 @@ def test_every_unimplemented_key_has_a_class_and_advice():
         ("curriculum_seqlen: 16\n", "curriculum_seqlen"),
         ("short_seq_prob: 0.2\n", "short_seq_prob"),
         ("output_layer_parallelism: row\n", "output_layer_parallelism"),
-        ("pack_impl: unpacked\nallow_chopped: false\n", "allow_chopped"),
         ("expansion_factor: 4\n", "expansion_factor"),
         ("fp16_lm_cross_entropy: true\n", "fp16_lm_cross_entropy"),
         ("hysteresis: 4\n", "hysteresis"),
@@ -204,10 +199,10 @@ def test_every_refusal_is_reported_at_once(write):
 
 def test_neox_default_values_pass_silently(write):
     warn: list[str] = []
-    text = "moe_loss_coeff: 0.1\npack_impl: packed\noutput_layer_parallelism: column\n"
-    cfg = _load(write, text + "allow_chopped: true\nhysteresis: 2\nuse_mup: false\n", warn=warn)
+    text = "moe_loss_coeff: 0.1\noutput_layer_parallelism: column\n"
+    cfg = _load(write, text + "hysteresis: 2\nuse_mup: false\n", warn=warn)
     assert warn == []
-    assert cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["pack_impl"] == "packed"
+    assert cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["hysteresis"] == 2
 
 
 def test_dependent_keys_without_their_feature_warn(write):
