@@ -7,9 +7,11 @@
 writes config.json, generation_config.json, safetensors weights and the tokenizer files (when
 the config's are found): GPTNeoXForCausalLM for GPT-NeoX/Pythia-style models, LlamaForCausalLM
 for Llama-style ones (RMSNorm), or for those with QK-norm, q/k/v-only biases or a sliding
-window Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM. A model the target
-architecture cannot express is refused, naming each option and its value, before anything is
-written (exit status 2). Without
+window Qwen3ForCausalLM, Qwen2ForCausalLM or MistralForCausalLM. A reward model (train_impl:
+rm) becomes the same family's ...ForSequenceClassification (num_labels 1, its value head as
+`score`, pad_token_id the end-of-text token so transformers reads the reward where we do). A
+model the target architecture cannot express is refused, naming each option and its value,
+before anything is written (exit status 2). Without
 --config the config saved in the checkpoint describes the model.
 
 --verify loads the result with transformers and compares its logits with ours; a difference
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     print(result.report())
     if args.verify:
         check = verify_export(
-            args.output, reader.args, state, dtype=args.dtype, tolerance=args.tolerance
+            args.output, reader.args, state, dtype=args.dtype, tolerance=args.tolerance, eod=eod
         )
         print(check.report())
         if not check.ok:

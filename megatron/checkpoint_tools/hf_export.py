@@ -13,6 +13,10 @@ folder touched: the model's own `save_pretrained` writes `config.json`,
 as `transformers` writes them; then the tokenizer files when the config's are found
 (`tokenizer_files.py`).
 
+A reward model (`train_impl: rm`) exports as the family's `...ForSequenceClassification` with
+`num_labels: 1` and its value head as `score` (`hf_reward.py`, which also says how transformers
+finds the reward token); `verify_export` then compares scores with our rewards.
+
 The vocabulary stays padded (as Pythia's Hugging Face checkpoints are), so the exported model's
 logits equal ours over every row; `vocab_size` trims the tables to fewer rows.
 `verify_export` loads the directory with `transformers` and compares its fp32 logits with ours
@@ -28,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint_tools.hf_reward import reward_config, reward_difference
 from megatron.checkpoint_tools.tokenizer_files import export_tokenizer
 from megatron.model import HF_ARCHITECTURES, ModelArgs, family_of, hf_config, name_map, to_hf
 
@@ -44,9 +49,10 @@ class ExportResult:
     architecture: str
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    hf_class: str = ""
 
     def report(self) -> str:
-        hf_class = HF_ARCHITECTURES[self.architecture].hf_class
+        hf_class = self.hf_class or HF_ARCHITECTURES[self.architecture].hf_class
         lines = [f"exported {hf_class} to {self.folder}: {', '.join(self.files)}"]
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
@@ -100,10 +106,12 @@ def _assemble(tensors: dict, config) -> torch.nn.Module:
     """The `transformers` model (built on the meta device) holding our renamed tensors: its
     `save_pretrained` then writes its own on-disk names (GPT-NeoX's head is `embed_out`
     there), tied weights once, safetensors shards and their index."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    reward = config.architectures[0].endswith("ForSequenceClassification")
+    auto = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
+        model = auto.from_config(config, dtype=config.dtype)
     result = model.load_state_dict(tensors, strict=False, assign=True)
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(
@@ -151,6 +159,7 @@ def export_hf(
     if output.exists() and any(output.iterdir()) and not overwrite:
         raise FileExistsError(f"output folder '{output}' is not empty; choose another one")
     config = hf_config_object(args, arch, vocab_size, None, eod)
+    notes = reward_config(config, arch, eod) if args.value_head else []
     _check_all_exported(state, args, arch)
     torch_dtype = config.dtype = _export_dtype(state, dtype)
     # Fresh contiguous tensors: split QKV views and tied copies must not share storage.
@@ -161,7 +170,8 @@ def export_hf(
     model = _assemble(tensors, config)
     _prepare_output(output, overwrite)
     model.save_pretrained(output, max_shard_size=max_shard_size)
-    result = ExportResult(output, arch, sorted(p.name for p in output.iterdir()))
+    files = sorted(p.name for p in output.iterdir())
+    result = ExportResult(output, arch, files, notes, hf_class=config.architectures[0])
     if tokenizer_cfg is not None:
         written, why = export_tokenizer(tokenizer_cfg, output, max_length=args.max_positions)
         result.files += written
@@ -172,7 +182,7 @@ def export_hf(
 
 @dataclass(frozen=True)
 class Verification:
-    """Exported model's logits against ours."""
+    """Exported model's logits (a reward model's scores) against ours."""
 
     max_difference: float
     max_logit: float
@@ -198,19 +208,24 @@ def verify_export(
     dtype: str | None = None,
     tolerance: float = VERIFY_TOLERANCE,
     seq: int = 16,
+    eod: int | None = None,
 ) -> Verification:
     """Logits of the exported model (loaded with `transformers`) against ours (built at tp=1
-    with `state` rounded to the exported `dtype`) on random tokens, both in fp32."""
+    with `state` rounded to the exported `dtype`) on random tokens, both in fp32; for a
+    reward model its scores against our rewards (`hf_reward.reward_difference`, `eod` the
+    end-of-text token it was exported with)."""
     from transformers import AutoModelForCausalLM
 
     from megatron.model import build_gpt, load_full_state_dict
 
-    hf = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32).eval()
     ours = build_gpt(_plain(args)).eval()
     rounded = _export_dtype(state, dtype)
     load_full_state_dict(ours, {k: v.to(rounded).float() for k, v in state.items()})
-    rows = hf.config.vocab_size
     seq = min(seq, args.max_positions)
+    if args.value_head:
+        return Verification(*reward_difference(output, args, ours, eod, seq), tolerance)
+    hf = AutoModelForCausalLM.from_pretrained(output, dtype=torch.float32).eval()
+    rows = hf.config.vocab_size
     tokens = torch.randint(0, rows, (2, seq), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(seq).expand(2, seq)
     with torch.no_grad():

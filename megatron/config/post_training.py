@@ -18,11 +18,13 @@ from megatron.config.schema import ConfigError
 
 @dataclass(frozen=True)
 class PostTrainingConfig:
-    train_impl: Literal["normal", "dpo", "kto"] = "normal"
+    train_impl: Literal["normal", "dpo", "kto", "rm"] = "normal"
     """The training objective: `normal` (next-token cross entropy), `dpo` (Direct Preference
     Optimization on `dataset_impl: pairwise` data: each sample a chosen `pos` and a rejected
     `neg` sequence), `kto` (Kahneman-Tversky Optimization on text with a reward dataset:
-    positive reward = desirable, negative = undesirable)."""
+    positive reward = desirable, negative = undesirable), `rm` (a reward model: a value head
+    trained on `dataset_impl: pairwise` pairs with the Bradley-Terry loss, see
+    `megatron/training/objectives/rm.py`)."""
 
     dpo_beta: float = 0.1
     """DPO's beta: the loss is `-log sigmoid(beta * ((log pi(chosen) - log pi(rejected)) -
@@ -64,13 +66,13 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
                 "train_impl: dpo only; remove it or set train_impl: dpo"
             )
         return
-    if cfg.model.z_loss:
+    if cfg.model.z_loss and p.train_impl != "rm":  # rm: GPT-NeoX's reward penalty (rm.py)
         raise ConfigError(
             f"z_loss{_src(sources, 'z_loss')} adds to the language-model loss only; {impl} "
             "would ignore it: set z_loss: 0"
         )
     dataset_impl = getattr(cfg.data, "dataset_impl", "gpt2")
-    want = "pairwise" if p.train_impl == "dpo" else "gpt2"
+    want = "pairwise" if p.train_impl in ("dpo", "rm") else "gpt2"
     if dataset_impl != want:
         raise ConfigError(
             f"{impl} needs dataset_impl: {want} ("

@@ -67,6 +67,9 @@ CARRIED = frozenset(
         "rotary_emb_base",
         "rope_scaling",  # both classes take every rule in `rope_parameters`
         "no_weight_tying",
+        # A reward model: the same body, `...ForSequenceClassification`'s `score` as its head
+        # (`megatron/checkpoint_tools/hf_reward.py` turns the config into that class's).
+        "value_head",
     }
 )
 # Attention types that are all full causal softmax attention (only the kernel differs).
