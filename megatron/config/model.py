@@ -157,7 +157,9 @@ class ModelConfig:
 
     z_loss: float = 0.0
     """Coefficient of the z-loss (PaLM): adds `z_loss × mean(logsumexp(logits)²)` over the
-    tokens the loss counts (the same loss-mask average as the cross entropy). 0: off."""
+    tokens the loss counts (the same loss-mask average as the cross entropy). 0: off. With
+    `train_impl: rm` it is GPT-NeoX's reward penalty instead, `z_loss × mean(r_chosen² +
+    r_rejected²)` (`megatron/training/objectives/rm.py`)."""
 
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (activation checkpointing)."""

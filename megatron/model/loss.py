@@ -9,9 +9,10 @@ calls `module.loss_fn(outputs, labels)`; a plain training loop calls
 `model.loss_fn(model(tokens, position_ids), (labels, loss_mask))`), so the loss a run reports
 includes the z-loss term.
 
-GPT-NeoX's `z_loss` key exists only for its reward-model objective (`train_impl: rm`, not built
-here), where it squares the rewards; for language-model training it has no effect there. Here
-the key is the PaLM term on the output logits described above.
+GPT-NeoX's `z_loss` key exists only for its reward-model objective (`train_impl: rm`), where it
+squares the rewards; for language-model training it has no effect there. Here the key is the
+PaLM term on the output logits described above, and GPT-NeoX's reward penalty for
+`train_impl: rm` (`megatron/training/objectives/rm.py` defines it).
 """
 
 from __future__ import annotations
