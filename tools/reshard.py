@@ -5,10 +5,13 @@
 
 Model weights always move, and the optimizer state (Adam moments, step counts, ...) from any
 ZeRO stage 0-3 for the elementwise optimizers; for others the report names the optimizer and
-says it was dropped (resume with `no_load_optim: true`). The output is a ZeRO-0 checkpoint,
-which DeepSpeed loads at any data-parallel size. Iteration, consumed samples, skipped-step
-counters and the LR schedule carry over: resume with `load: {output}`, the new
-model_parallel_size / pipe_parallel_size / number of ranks, and zero_optimization stage 0.
+says it was dropped (resume with `no_load_optim: true`). The output resumes at any
+data-parallel size with the ZeRO stage given by `--zero-stage`: 0 (default; module and
+optimizer in the mp_rank files), or 1/2 (DeepSpeed's universal layout, its `load_universal`
+path, `megatron/checkpoint_tools/universal.py`; ZeRO 2 on the plain engine only).
+Iteration, consumed samples, skipped-step counters and the LR schedule carry over: resume with
+`load: {output}`, the new model_parallel_size / pipe_parallel_size / number of ranks, and
+that zero_optimization stage.
 (Why an offline tool, and DeepSpeed's universal checkpoint's limits for our checkpoints:
 `megatron/checkpoint_tools/reshard.py`.)
 """
@@ -35,6 +38,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         required=True,
         help="target pipeline stages (0: plain engine, for ZeRO 2/3)",
     )
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="ZeRO stage of the run that resumes it (1/2: DeepSpeed's universal layout)",
+    )
     p.add_argument("--no-optimizer", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_stepN")
     return p.parse_args(argv)
@@ -49,6 +59,7 @@ def main(argv=None) -> int:
         pp=args.pipe_parallel_size,
         optimizer=not args.no_optimizer,
         overwrite=args.overwrite,
+        zero_stage=args.zero_stage,
     )
     print(result.report())
     return 0

@@ -9,7 +9,8 @@
 | `stages`          | pipeline stage bounds, optimizer parameter numbering per stage         |
 | `optimizer_state` | ZeRO-0 optimizer state by name, merged and re-split                    |
 | `zero_state`      | ZeRO 1-3 optimizer state by name, from DeepSpeed's flat partitions     |
-| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=)`: any layout/ZeRO -> ZeRO-0    |
+| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=, zero_stage=)`: any layout/ZeRO |
+| `universal`       | DeepSpeed's universal layout (`zero/`), for ZeRO 1/2 targets at any dp |
 | `hf_export`       | `export_hf`: GPTNeoXForCausalLM / LlamaForCausalLM directory           |
 | `hf_import`       | `import_hf`: a Hugging Face directory -> our checkpoint                |
 | `tokenizer_files` | tokenizer files to and from a Hugging Face directory                   |

@@ -14,20 +14,23 @@ samples, LR schedule and the skipped-step counters carry over, so a resumed run 
 where the source stopped; the per-rank RNG states do not (with dropout, the masks after the
 resume differ from an unbroken run's).
 
-The output is always written without ZeRO (stage 0: module and torch optimizer state in the
-`mp_rank` files), which DeepSpeed loads at any data-parallel size: that is how a run changes
-its number of ranks (dp), its tp/pp layout or its ZeRO stage. The run resuming from it must
-use ZeRO stage 0: a ZeRO 1-3 engine finds no partition files there and DeepSpeed would
-silently start its optimizer afresh, so the pre-flight refuses that
-(`megatron/preflight/checkpoints.py`).
+The output is written for the ZeRO stage of the run that resumes it (`zero_stage`), and
+DeepSpeed loads it at any data-parallel size: that is how a run changes its number of ranks
+(dp), its tp/pp layout or its ZeRO stage. Stage 0: module and torch optimizer state in the
+`mp_rank` files. Stages 1/2: the weights in the ordinary model files and, beside them,
+DeepSpeed's universal layout (`zero/`, `universal.py`), which its ZeRO 1/2 optimizers restore
+through `load_universal` (switched on by `CheckpointIO.load` for such a folder). A ZeRO-3
+target is refused (DeepSpeed's ZeRO-3 universal loader does not fit our models; see
+`universal.py`), and a run at a stage the files were not written for is refused by the
+pre-flight (`megatron/preflight/checkpoints.py`), since DeepSpeed would silently start its
+optimizer afresh.
 
 Why an offline tool and not a conversion inside `load`: it is written once and can be
 inspected, the pre-flight can name the exact command, and the conversion needs no process
-group of the old layout. Why not DeepSpeed's universal checkpoint: its converter
-(`ds_to_universal.py`) requires the `universal_checkpoint_info` that Megatron-DeepSpeed models
-save and ours do not, and its `load_universal` path restores ZeRO 1-3 engines only (a ZeRO-0
-run with a torch optimizer has no ZeRO files to restore); the partition reading follows its
-`zero_to_fp32.py` reconstruction instead.
+group of the old layout. Why not DeepSpeed's converter (`ds_to_universal.py`): it requires the
+`universal_checkpoint_info` that Megatron-DeepSpeed models save and ours do not, and reads
+ZeRO 1/2 partitions only; the partition reading follows its `zero_to_fp32.py` reconstruction
+instead, and `universal.py` writes the converter's output layout from the full state.
 
 The padded vocabulary follows the target tensor-parallel size as the config system derives it
 (`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
@@ -45,6 +48,11 @@ from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
 from megatron.checkpoint_tools.reader import CheckpointReader
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import stage_bounds
+from megatron.checkpoint_tools.universal import (
+    resume_note,
+    universal_files,
+    universal_target_problem,
+)
 from megatron.checkpoint_tools.writer import write_checkpoint
 from megatron.model import ModelArgs
 
@@ -79,16 +87,17 @@ def tokenizer_vocab_size(cfg) -> int | None:
         return None
 
 
-def target_config(cfg, tp: int, pp: int):
-    """The source config at layout (tp, pp), padded vocabulary re-derived for `tp`."""
+def target_config(cfg, tp: int, pp: int, zero_stage: int = 0):
+    """The source config at layout (tp, pp) and ZeRO `zero_stage`, padded vocabulary
+    re-derived for `tp`."""
     from megatron.config import pad_vocab_size
 
     vocab = tokenizer_vocab_size(cfg) or cfg.model.padded_vocab_size
     padded = pad_vocab_size(vocab, cfg.tokenizer.make_vocab_size_divisible_by, tp)
     dp = cfg.parallel.data_parallel_size or 1
-    # The files are written as without ZeRO (module and optimizer in mp_rank files), and the
-    # recorded config says so; a run resuming with ZeRO 1/2 rebuilds its partitions.
-    zero = {**(cfg.parallel.zero_optimization or {}), "stage": 0}
+    # The recorded config says the stage the files are written for: 0 (module and optimizer
+    # in mp_rank files) or 1/2 (DeepSpeed's universal layout, `universal.py`).
+    zero = {**(cfg.parallel.zero_optimization or {}), "stage": zero_stage}
     return cfg.replace(
         model_parallel_size=tp,
         pipe_parallel_size=pp,
@@ -96,7 +105,7 @@ def target_config(cfg, tp: int, pp: int):
         world_size=dp * tp * max(1, pp),
         data_parallel_size=dp,
         zero_optimization=zero,
-        zero_stage=0,
+        zero_stage=zero_stage,
     )
 
 
@@ -125,12 +134,16 @@ def reshard_checkpoint(
     pp: int,
     optimizer: bool = True,
     overwrite: bool = False,
+    zero_stage: int = 0,
 ) -> ReshardResult:
-    """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp)."""
+    """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp),
+    for a run with ZeRO `zero_stage` (0, or 1/2 through DeepSpeed's universal layout)."""
     reader = CheckpointReader(source)
-    cfg = target_config(reader.cfg, tp, pp)
+    cfg = target_config(reader.cfg, tp, pp, zero_stage)
     schema = ModelSchema(ModelArgs.from_config(cfg))
     check_layout(schema, tp, pp)
+    if zero_stage and (problem := universal_target_problem(zero_stage, tp, pp)):
+        raise ValueError(f"--zero-stage {zero_stage} at tp={tp}, pp={pp}: {problem}")
     notes = []
     state = reader.state_dict()
     for name, spec in schema.params.items():
@@ -153,18 +166,16 @@ def reshard_checkpoint(
         pp=pp,
         iteration=iteration,
         config_dict=cfg.to_dict(),
-        optimizer=moved,
+        optimizer=None if zero_stage else moved,
         engine_state=engine,
         trainer_state=trainer,
         overwrite=overwrite,
+        more_files=universal_files(schema, state, moved, tp, pp) if zero_stage else None,
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
     source_zero = int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)
-    notes.append(
-        "written without ZeRO: resume it with zero_optimization stage 0 (another stage only "
-        "with no_load_optim)"
-    )
-    target = f"tp={tp}, pp={pp}, ZeRO stage 0"
+    notes.append(resume_note(zero_stage, moved is not None))
+    target = f"tp={tp}, pp={pp}, ZeRO stage {zero_stage}"
     opt_text = f"dropped: {why}; resume with no_load_optim"
     if moved is not None:
         keys = sorted({k for state in moved.per_param.values() for k in state})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import deepspeed
@@ -94,12 +95,14 @@ def write_checkpoint(
     engine_state: dict | None = None,
     trainer_state: dict | None = None,
     overwrite: bool = False,
+    more_files: Callable[[Path], object] | None = None,
 ) -> Path:
     """Write `state` (full tensors named as the model names them) at layout (tp, pp).
 
     `engine_state` is a source `mp_rank` file's content (scheduler, sample counts, DeepSpeed
     config) to carry over; `trainer_state` becomes `trainer_state.pt` (default: iteration
-    only). Returns the `global_step{iteration}` folder.
+    only); `more_files(folder)` writes further files before the folder is marked complete
+    (DeepSpeed's universal layout, `universal.py`). Returns the `global_step{iteration}` folder.
     """
     schema.check_tp(tp)
     _check_state(schema, state)
@@ -131,6 +134,8 @@ def write_checkpoint(
             torch.save(ranked, folder / mp_rank_file(stage * tp + t))
     torch.save({**(trainer_state or {}), "iteration": iteration}, folder / TRAINER_STATE)
     (folder / CONFIG_FILE).write_text(json.dumps(config_dict, indent=1))
+    if more_files is not None:
+        more_files(folder)
     mark_complete(folder, tag)
     write_latest(save_dir, tag)
     return folder

@@ -16,7 +16,9 @@ checkpoint's layout: DeepSpeed loads only the tensor/pipeline layout it saved, Z
 only at the data-parallel size and ZeRO-or-not they were saved with (a ZeRO engine given a
 checkpoint without partitions would silently start its optimizer afresh); any other layout is
 refused with the `tools/reshard.py` command that converts weights and optimizer state to a
-ZeRO-0 checkpoint of the target layout (`megatron/checkpoint_tools/reshard.py`).
+checkpoint of the target layout for the run's ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
+universal layout, restored at any data-parallel size (`megatron/checkpoint_tools/reshard.py`;
+`megatron/checkpoint_tools/universal.py::universal_target_problem` says which runs can).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from megatron.checkpoint_tools.layout import (
 )
 from megatron.checkpoint_tools.reader import load_saved_config
 from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.checkpoint_tools.universal import (
+    is_universal,
+    reshard_stage,
+    universal_target_problem,
+)
 from megatron.config import Config
 from megatron.config.resolve import is_training_script
 from megatron.model import ModelArgs
@@ -129,6 +136,9 @@ def _layout_problem(layout, cfg: Config) -> str:
         return "DeepSpeed loads only the tensor/pipeline layout (and ZeRO-3 or not) it saved"
     if c.no_load_optim or c.finetune:  # the weights only: no partitions read
         return ""
+    if is_universal(layout.folder):  # DeepSpeed's universal layout: any dp, ZeRO 1/2
+        problem = universal_target_problem(p.zero_stage, p.model_parallel_size, layout.pp)
+        return f"it is in DeepSpeed's universal layout, and {problem}" if problem else ""
     saved_dp, stage = _zero_dp(layout.folder), p.zero_stage
     if saved_dp and not stage:
         return "its optimizer state is in ZeRO partitions, which a run without ZeRO cannot read"
@@ -151,9 +161,13 @@ def _layout_finding(layout, cfg: Config) -> Finding | None:
         return None
     p = cfg.parallel
     want = (p.model_parallel_size, p.pipe_parallel_size)
+    stage, why = reshard_stage(p.zero_stage, *want)
     target = f"--model-parallel-size {want[0]} --pipe-parallel-size {want[1]}"
+    target += f" --zero-stage {stage}"
     dp = _zero_dp(layout.folder)
     saved_zero = f"ZeRO partitions over {dp} data-parallel rank(s)" if dp else "without ZeRO"
+    if is_universal(layout.folder):
+        saved_zero = "DeepSpeed's universal layout"
     return Finding(
         NAME,
         ERROR,
@@ -162,7 +176,7 @@ def _layout_finding(layout, cfg: Config) -> Finding | None:
         f"{p.zero_stage}, data_parallel_size {p.data_parallel_size}: {problem}. Convert it "
         f"(weights and optimizer state): run python tools/reshard.py --checkpoint "
         f"{layout.folder} --output <new folder> {target} and load the new folder with "
-        "zero_optimization stage 0",
+        f"zero_optimization stage {stage}{why}",
     )
 
 

@@ -31,6 +31,7 @@ kind, with a warning. Every file is loaded weights-only
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -60,6 +61,9 @@ TRAINER_STATE = "trainer_state.pt"
 CONFIG_FILE = "config.json"
 COMPLETE = "complete"
 PERMANENT = "permanent"
+# DeepSpeed's universal checkpoint (`megatron/checkpoint_tools/universal.py`): a folder with
+# this file is restored through DeepSpeed's `load_universal` path.
+UNIVERSAL_STATE = "zero/optimizer_state.pt"
 SAVE_KINDS = ("step", "permanent", "temporary")
 _TAG = re.compile(r"^global_step(\d+)$")
 _TEMPORARY_TAG = re.compile(r"^global_step(\d+)_temporary$")
@@ -219,6 +223,23 @@ def prune_checkpoints(save_dir: str | Path, keep: int | None) -> list[Path]:
         else:
             deleted.append(path)
     return deleted
+
+
+@contextlib.contextmanager
+def _universal_loading(engine, on: bool):
+    """Within: DeepSpeed's `load_universal` on when `on`. A universal checkpoint
+    (`tools/reshard.py --zero-stage 1/2`) holds weights and optimizer state in its `zero/`
+    folder, which DeepSpeed reads only so; weights alone come from its ordinary model files."""
+    if not on:
+        yield
+        return
+    config = engine._config
+    configured = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        yield
+    finally:
+        config.load_universal_checkpoint = configured
 
 
 def mark_complete(folder: Path, tag: str) -> None:
@@ -382,8 +403,10 @@ class CheckpointIO:
     def _engine_load(self, load_dir, tag: str, load_optim: bool, module_only: bool):
         """DeepSpeed's load, every file weights-only (see `safe_load.py`)."""
         use_safe_loading(self.engine)
+        universal = (Path(load_dir) / tag / UNIVERSAL_STATE).is_file()
+        on = universal and load_optim and not module_only
         try:
-            with weights_only_loading():
+            with weights_only_loading(), _universal_loading(self.engine, on):
                 path, _ = self.engine.load_checkpoint(
                     load_dir,
                     tag=tag,
