@@ -7,6 +7,11 @@ last entries and the file sizes, never the tokens: milliseconds even for a terab
 For the same reason the opposite mismatch, a dataset holding ids at or above the vocabulary
 size (tokenized with another tokenizer), is not looked for: finding it means reading every
 token. Every bad prefix is reported, each naming its config key, the file and what would do.
+
+Post-training data is checked as a whole: the reference log-probs `precompute_model_name`
+names beside every data prefix exist and hold floats, the pos and neg sides of each pair have
+as many documents, and label, reward and reference datasets have a value per token of their
+data (sizes compared from the indices).
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ import numpy as np
 from megatron.config import Config
 from megatron.data.indexed_dataset import validate_pair
 from megatron.data.indexed_format import IndexedDatasetError, data_path, index_path
+from megatron.data.sources import ref_prefix
 from megatron.preflight import ERROR, OK, Finding, register
 from megatron.preflight.tokenizer import TokenizerLoadError, load_tokenizer
 
 NAME = "datasets"
+REF_KEY = "precompute_model_name "
+SPLITS = ("train", "valid", "test")
+# The keys whose prefixes hold token ids that reference log-probs are computed for.
+TEXT_KEYS = tuple(f"{s}_data_paths" for s in SPLITS) + tuple(
+    f"{side}_{s}_data_paths" for s in SPLITS for side in ("pos", "neg")
+)
 # Worker scripts that read `cfg.data`'s datasets (generate.py and eval.py read none).
 DATA_SCRIPTS = ("train.py",)
 PREPROCESS = "tools/preprocess_data.py"
@@ -34,15 +46,21 @@ def named_prefixes(data_cfg) -> dict[str, list[str]]:
     valid and test sets, their labels, and any further kind of set the data group gains).
     `data_path` is left out when `train_data_paths` is set, as the builders then ignore it."""
     named: dict[str, list[str]] = {}
+    model = getattr(data_cfg, "precompute_model_name", None)
     for field in dataclasses.fields(data_cfg):
         value = getattr(data_cfg, field.name)
         if value is None:
             continue
         if field.name == "data_path" and not data_cfg.train_data_paths:
             named.setdefault(str(value), []).append("data_path")
+            if model:
+                named.setdefault(ref_prefix(str(value), model), []).append(REF_KEY + "(data_path)")
         elif field.name.endswith("_data_paths"):
             for i, prefix in enumerate(value):
-                named.setdefault(str(prefix), []).append(f"{field.name}[{i}]")
+                key = f"{field.name}[{i}]"
+                named.setdefault(str(prefix), []).append(key)
+                if model and field.name in TEXT_KEYS:
+                    named.setdefault(ref_prefix(str(prefix), model), []).append(f"{REF_KEY}({key})")
     return named
 
 
@@ -112,8 +130,12 @@ def check_prefix(prefix: str, keys: list[str], vocab_size: int | None, cfg: Conf
         pair = validate_pair(prefix)
     except IndexedDatasetError as err:
         return Finding(NAME, ERROR, f"{where}: {err}; re-run {PREPROCESS} to rebuild the pair")
-    # Reward sets hold values per sample, not token ids: no vocabulary to fit.
-    if vocab_size is not None and not all("reward" in key for key in keys):
+    if any(key.startswith(REF_KEY) for key in keys) and not np.issubdtype(pair.dtype, np.floating):
+        message = f"{where}: reference log-probs must be floats, found {pair.dtype.name}"
+        return Finding(NAME, ERROR, message + "; re-run generate.py with text_gen_type: precompute")
+    # Reward and reference sets hold values, not token ids: no vocabulary to fit.
+    values = ("reward", REF_KEY)
+    if vocab_size is not None and not all(any(v in key for v in values) for key in keys):
         problem = dtype_problem(pair.dtype, vocab_size, cfg.tokenizer.tokenizer_type)
         if problem:
             return Finding(NAME, ERROR, f"{where}: {problem}")
@@ -139,4 +161,55 @@ def check_datasets(cfg: Config, script: str) -> list[Finding]:
         )
         return [Finding(NAME, ERROR, message)]
     vocab_size = _vocab_size(cfg)
-    return [check_prefix(prefix, keys, vocab_size, cfg) for prefix, keys in named.items()]
+    found = [check_prefix(prefix, keys, vocab_size, cfg) for prefix, keys in named.items()]
+    if all(f.level == OK for f in found):
+        found += alignment_findings(cfg.data)
+    return found
+
+
+def _aligned_pairs(d):
+    """(key, prefix, other key, other prefix, what must agree) for every dataset that must
+    line up with another: pair sides by documents; labels, rewards, references by tokens."""
+    model = getattr(d, "precompute_model_name", None)
+    out = []
+    for split in SPLITS:
+        for side in ("", "pos_", "neg_"):
+            data_key = f"{side}{split}_data_paths"
+            for i, prefix in enumerate(getattr(d, data_key) or ()):
+                key = f"{data_key}[{i}]"
+                for kind in ("label", "reward"):
+                    extra = getattr(d, f"{side}{split}_{kind}_data_paths", None)
+                    if extra and i < len(extra):
+                        out.append((key, prefix, f"{side}{split}_{kind}_data_paths[{i}]",
+                                    extra[i], "tokens"))  # fmt: skip
+                if model:
+                    out.append((key, prefix, REF_KEY + f"({key})", ref_prefix(prefix, model),
+                                "tokens"))  # fmt: skip
+        neg = getattr(d, f"neg_{split}_data_paths") or ()
+        for i, (pos, other) in enumerate(zip(getattr(d, f"pos_{split}_data_paths") or (), neg)):
+            out.append((f"pos_{split}_data_paths[{i}]", pos, f"neg_{split}_data_paths[{i}]",
+                        other, "documents"))  # fmt: skip
+    if model and d.data_path and not d.train_data_paths:
+        out.append(("data_path", d.data_path, REF_KEY + "(data_path)",
+                    ref_prefix(d.data_path, model), "tokens"))  # fmt: skip
+    return out
+
+
+def alignment_findings(d) -> list[Finding]:
+    """One error for each dataset that does not line up with its data (see `_aligned_pairs`)."""
+    found = []
+    for key, prefix, other_key, other, what in _aligned_pairs(d):
+        a, b = validate_pair(prefix).sizes, validate_pair(other).sizes
+        if len(a) != len(b):
+            problem = f"{len(a):,} documents, but {other_key}: {other} has {len(b):,}"
+        elif what == "tokens" and not np.array_equal(a, b):
+            first = int(np.flatnonzero(a != b)[0])
+            problem = (
+                f"document {first} has {int(a[first])} tokens, but {other_key}: {other} has "
+                f"{int(b[first])} values for it"
+            )
+        else:
+            continue
+        found.append(Finding(NAME, ERROR, f"{key}: {prefix}: {problem}; they must line up "
+                             f"({what}): rebuild them together"))  # fmt: skip
+    return found
