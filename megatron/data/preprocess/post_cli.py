@@ -13,7 +13,7 @@ Formats (one jsonl record per line; see megatron/data/preprocess/post_formats.py
          -> {prefix}_text_pos_document, _text_neg_document, _text_pos_label_document,
             _text_neg_label_document (document i of each is pair i; the prompt carries no loss)
   kto    {"prompt": ..., "completion": ..., "label": true|false}
-         -> {prefix}_text_document, _text_label_document, _text_reward_document (+1 / -1)
+         -> {prefix}_text_document, _text_label_document, _text_reward_document (+1 / -1 per token)
 
 Chat turns are rendered with the tokenizer's chat template (the `chat_template` of the
 tokenizer_config.json next to an HFTokenizer's tokenizer.json), else --chat-template (a

@@ -11,9 +11,10 @@ Each format is a class in `POST_TRAINING_FORMATS`; `outputs` names the datasets 
   `text`, `text_label`, `text_reward`.
 
 Labels follow GPT-NeoX: a label document has the size of its text document and holds the token
-id where a token carries loss, -100 where it does not. The reward document of a KTO record is
-one float32, +1 (desirable) or -1 (undesirable), which GPT-NeoX's GPT2Dataset spreads over the
-sample's tokens at read time.
+id where a token carries loss, -100 where it does not. The reward document of a KTO record has
+the same size too: +1 (desirable) or -1 (undesirable) as float32 on every token. GPT-NeoX's
+GPT2Dataset reads a document's first reward value and repeats it over the sample's tokens, our
+GPTDataset reads one value per token: both read this layout alike.
 
 Prompt and completion (and each chat turn) are tokenized as separate pieces and concatenated,
 so the label boundary falls exactly between them and the completion's ids are those a model
@@ -212,7 +213,8 @@ class KTOFormat:
             tokens, labels = build.sequence([(prompt, False), (completion, True)])
         else:
             tokens, labels = build.chat(prompt + completion, first_loss_turn=len(prompt))
-        return {"text": tokens, "text_label": labels, "text_reward": [1.0 if desirable else -1.0]}
+        reward = [1.0 if desirable else -1.0] * len(tokens)
+        return {"text": tokens, "text_label": labels, "text_reward": reward}
 
 
 POST_TRAINING_FORMATS = {f.name: f for f in (ChatFormat(), PairsFormat(), KTOFormat())}
