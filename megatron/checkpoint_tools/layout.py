@@ -22,7 +22,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron.training.checkpointing import CONFIG_FILE, LATEST, TRAINER_STATE, read_latest
+from megatron.training.checkpointing import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
+    COMPLETE,
+    CONFIG_FILE,
+    LATEST,
+    TRAINER_STATE,
+    read_latest,
+    resume_tag,
+)
 
 LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_RANK_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")

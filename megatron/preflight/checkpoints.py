@@ -1,6 +1,6 @@
 """Pre-flight check of `load`: the checkpoint the run would resume holds this model.
 
-Which folder is read follows the loaders. A training run (`CheckpointIO.load`) resumes what
+Which folder is read is the loaders' own rule (`resume_tag`). A training run resumes what
 `{load}/latest` names; without `latest` (or without the folder) it starts afresh, which is no
 error. When `latest` names a missing or partial (no `complete` marker) folder, the loader takes
 the newest complete checkpoint instead, with a warning; with none complete it refuses a
@@ -28,11 +28,13 @@ import re
 from pathlib import Path
 
 from megatron.checkpoint_tools.layout import (
+    COMPLETE,
     LATEST,
     TRAINER_STATE,
     CheckpointError,
     locate,
     read_layout,
+    resume_tag,
 )
 from megatron.checkpoint_tools.reader import load_saved_config
 from megatron.checkpoint_tools.schema import ModelSchema
@@ -49,47 +51,26 @@ from megatron.model.hf_config import NEUTRAL
 from megatron.preflight import ERROR, OK, WARNING, Finding, register
 
 NAME = "load"
-COMPLETE = "complete"  # `megatron/training/checkpointing.py::COMPLETE` (a test holds them equal)
-_STEP = re.compile(r"^global_step(\d+)(_temporary)?$")
 _ZERO_RANK0 = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt$")
 # The config key a `ModelArgs` field is set by, where the names differ.
 CONFIG_KEY = {field: key for key, field in CONFIG_ONLY.items()}
 
 
-def _newest_complete(load: Path) -> Path | None:
-    found = []
-    for path in load.iterdir():
-        match = _STEP.match(path.name)
-        if match and (path / COMPLETE).is_file():
-            found.append((int(match.group(1)), match.group(2) is None, path))
-    return max(found)[2] if found else None
-
-
 def resume_folder(load: Path) -> tuple[Path | None, list[Finding]]:
-    """The folder a training run resumes from `load` (None: a fresh start), and findings."""
-    latest = load / LATEST
-    if not latest.is_file():
+    """The folder a training run resumes from `load` (None: a fresh start), and findings: the
+    loader's own rule (`resume_tag`), its warnings and refusal turned into findings."""
+    notes: list[str] = []
+    try:
+        tag = resume_tag(load, warn=notes.append)
+    except FileNotFoundError as err:
+        return None, [Finding(NAME, ERROR, str(err))]
+    if tag is None:
         return None, [
             Finding(NAME, OK, f"no checkpoint under '{load}' (no {LATEST} file): fresh start")
         ]
-    tag = latest.read_text().strip()
     folder = load / tag
-    if (folder / COMPLETE).is_file():
-        return folder, []
-    fallback = _newest_complete(load)
-    state = "partial (no completion marker)" if folder.is_dir() else "missing"
-    if fallback is not None:
-        note = f"{latest} names '{tag}', which is {state}; the run resumes from {fallback.name}"
-        return fallback, [Finding(NAME, WARNING, note)]
-    if not folder.is_dir():
-        return None, [
-            Finding(
-                NAME,
-                ERROR,
-                f"{latest} names checkpoint '{tag}', but {folder} does not exist; point it at "
-                "an existing global_step folder or remove it to start afresh",
-            )
-        ]
+    if notes or (folder / COMPLETE).is_file():
+        return folder, [Finding(NAME, WARNING, note) for note in notes]
     note = f"{folder} has no completion marker (a crash mid-save, or written before markers)"
     return folder, [Finding(NAME, WARNING, f"{note}; the loader trusts it, as no folder has one")]
 

@@ -169,11 +169,11 @@ def newest_complete(save_dir: str | Path) -> str | None:
     return max(found)[2].name if found else None
 
 
-def resume_tag(load_dir: str | Path) -> str | None:
+def resume_tag(load_dir: str | Path, warn=None) -> str | None:
     """The checkpoint `load` resumes: the one `latest` names (None without `latest`). When that
-    folder is missing or partial, the newest complete one of either kind, with a warning; a
-    folder without marker is trusted when no folder has one (written before markers or by
-    GPT-NeoX)."""
+    folder is missing or partial, the newest complete one of either kind, passing the reason to
+    `warn` (default: the log's warning); a folder without marker is trusted when no folder has
+    one (written before markers or by GPT-NeoX). The pre-flight asks this same function."""
     tag = _latest_tag(load_dir)
     if tag is None or (Path(load_dir) / tag / COMPLETE).is_file():
         return tag
@@ -181,13 +181,9 @@ def resume_tag(load_dir: str | Path) -> str | None:
     if fallback is None:
         return read_latest(load_dir)  # refuses a missing folder, naming it
     state = "partial" if (Path(load_dir) / tag).is_dir() else "missing"
-    log.warning(
-        "%s names checkpoint '%s', which is %s; resuming from the newest complete checkpoint, "
-        "'%s', instead",
-        Path(load_dir) / LATEST,
-        tag,
-        state,
-        fallback,
+    (warn or log.warning)(
+        f"{Path(load_dir) / LATEST} names checkpoint '{tag}', which is {state}; resuming from "
+        f"the newest complete checkpoint, '{fallback}', instead"
     )
     return fallback
 

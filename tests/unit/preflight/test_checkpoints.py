@@ -134,7 +134,10 @@ def test_latest_naming_a_missing_folder(tmp_path):
     (tmp_path / "latest").write_text("global_step9")
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
-    assert "which is missing; the run resumes from global_step4" in found[0].message
+    assert (
+        "which is missing; resuming from the newest complete checkpoint, 'global_step4'"
+        in found[0].message
+    )
     same_as_the_loader(tmp_path)
 
 
@@ -144,7 +147,9 @@ def test_latest_naming_a_partial_folder(tmp_path):
     (partial / check.COMPLETE).unlink()
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
-    assert "partial (no completion marker); the run resumes from global_step2" in found[0].message
+    assert "which is partial; resuming from the newest complete checkpoint, 'global_step2'" in (
+        found[0].message
+    )
     same_as_the_loader(tmp_path)
     shutil.rmtree(tmp_path / "global_step2")
     found = load_findings(tmp_path)
@@ -160,17 +165,11 @@ def test_a_folder_without_trainer_state_needs_finetune(tmp_path):
     assert levels(load_findings(tmp_path, finetune=True)) == [OK]
 
 
-def test_the_names_are_the_loaders():
-    assert check.COMPLETE == checkpointing.COMPLETE
-    assert check.LATEST == checkpointing.LATEST
-    assert check.TRAINER_STATE == checkpointing.TRAINER_STATE
-
-
 def test_a_newer_temporary_checkpoint_is_resumed_as_the_loader_does(tmp_path):
     write(tmp_path, config(), iteration=2)
     (write(tmp_path, config(), iteration=3)).rename(tmp_path / "global_step3_temporary")
     (tmp_path / "latest").write_text("global_step4")  # a crash before global_step4 was written
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
-    assert "the run resumes from global_step3_temporary" in found[0].message
+    assert "from the newest complete checkpoint, 'global_step3_temporary'" in found[0].message
     same_as_the_loader(tmp_path)
