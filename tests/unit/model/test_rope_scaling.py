@@ -3,7 +3,9 @@
 Each rule's cos/sin must equal transformers' at positions inside and beyond the original
 length, for whole-head (Llama) and partial (GPT-NeoX) rotary; a tiny Llama with each rule
 gives transformers' logits past the original length, in one forward and token by token
-through the key/value cache (where dynamic NTK regrows its base at every step).
+through the key/value cache (where dynamic NTK regrows its base at every step), and
+`megatron.inference.generate` with dynamic NTK runs to `factor` x max_position_embeddings with
+the tokens of transformers' greedy `generate`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from megatron.inference.kv_cache import kv_cache  # noqa: E402
+from megatron.inference import InferenceModel, SamplingSettings, generate, kv_cache  # noqa: E402
 from megatron.model import build_gpt, from_hf, hf_config, load_full_state_dict  # noqa: E402
 from megatron.model.positional import RotaryEmbedding  # noqa: E402
+from megatron.parallel import ParallelTopology  # noqa: E402
 from tests.unit.model.test_hf_parity import llama_args, neox_args, randomise  # noqa: E402
 
 ORIGINAL = 8  # the pre-scaling context; the tests run up to LONG positions
@@ -129,3 +132,18 @@ def test_cached_generation_steps_equal_transformers(rule):
             past = out.past_key_values
             actual = ours(tokens[:, step : step + 1], torch.tensor([[step]]))
             torch.testing.assert_close(actual, out.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_runs_dynamic_ntk_past_max_positions_with_the_tokens_of_transformers():
+    # max_position_embeddings 8 and factor 3: generation may fill 24 positions, each new
+    # token through the cache at a grown base, as transformers' greedy generate does.
+    hf, ours, args = twin_llamas("dynamic")
+    topology, cpu = ParallelTopology(1, 1, world_size=1), torch.device("cpu")
+    model = InferenceModel(ours, args, topology, cpu, torch.float32, args.vocab_size)
+    prompt = torch.randint(0, args.vocab_size, (1, 5), generator=GEN.manual_seed(3))
+    (result,) = generate(model, prompt.tolist(), SamplingSettings(maximum_tokens=100))
+    assert len(result.tokens) == 3 * ORIGINAL - 5  # the new tokens, up to the limit
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=3 * ORIGINAL - 5, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)  # fmt: skip
+    assert result.tokens == theirs[0, 5:].tolist()
