@@ -20,6 +20,7 @@ and an assistant piece is the reply itself with its end-of-turn marker.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 from megatron.data.preprocess.encoder import PreprocessError
@@ -91,6 +92,7 @@ class JinjaChatTemplate(ChatTemplate):
         env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False,
                                                                   indent=indent)  # fmt: skip
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # Llama 3.x
         try:
             self._template = env.from_string(source)
         except jinja2.exceptions.TemplateSyntaxError as e:

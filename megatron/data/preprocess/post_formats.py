@@ -16,11 +16,12 @@ the same size too: +1 (desirable) or -1 (undesirable) as float32 on every token.
 GPT2Dataset reads a document's first reward value and repeats it over the sample's tokens, our
 GPTDataset reads one value per token: both read this layout alike.
 
-Prompt and completion (and each chat turn) are tokenized as separate pieces and concatenated,
-so the label boundary falls exactly between them and the completion's ids are those a model
-would generate after the prompt's. Plain strings are joined verbatim: put any separator (a
-space, a newline) in the strings. Every sequence ends with the tokenizer's EOD, which carries
-loss when the completion does (the model learns to stop).
+A document is the tokenization of its whole text (prompt and completion, or every rendered
+chat turn), without the special tokens a tokenizer adds around a text (a chat template writes
+its own BOS); a token that spans the prompt/completion or a turn boundary belongs to the later
+piece. Plain strings are joined verbatim: put any separator (a space, a newline) in them.
+Every sequence ends with the tokenizer's EOD, which carries loss when the completion does (the
+model learns to stop).
 """
 
 from __future__ import annotations
@@ -72,16 +73,25 @@ class SequenceBuilder:
     seq_length: int | None = None
     label_scope: str = "completion"
 
+    def _ids(self, text: str) -> list[int]:
+        try:
+            return self.tokenizer.tokenize_segment(text) if text else []
+        except Exception:  # e.g. lone surrogates from a JSON escape
+            raise RecordProblem(UNTOKENIZABLE) from None
+
     def sequence(self, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
-        tokens: list[int] = []
+        """The ids of the whole text (as GPT-NeoX's chat preprocessing and transformers'
+        apply_chat_template tokenize it, so SentencePiece's leading space and merges across
+        pieces are those of the full text); piece i owns the ids that the text up to its end
+        shares with the whole, so a token spanning a boundary belongs to the later piece."""
+        tokens = self._ids("".join(text for text, _ in pieces))
         labels: list[int] = []
-        for text, loss in pieces:
-            try:
-                ids = self.tokenizer.tokenize_segment(text) if text else []
-            except Exception:  # e.g. lone surrogates from a JSON escape
-                raise RecordProblem(UNTOKENIZABLE) from None
-            tokens += ids
-            labels += ids if loss else [IGNORE_INDEX] * len(ids)
+        done = ""
+        for i, (text, loss) in enumerate(pieces):
+            done += text
+            n = len(tokens) if i + 1 == len(pieces) else common_prefix(self._ids(done), tokens)
+            owned = tokens[len(labels) : max(n, len(labels))]
+            labels += owned if loss else [IGNORE_INDEX] * len(owned)
         eod = self.tokenizer.eod
         if not tokens or tokens[-1] != eod:
             tokens.append(eod)

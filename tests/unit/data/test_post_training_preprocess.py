@@ -19,7 +19,7 @@ from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.preprocess import PreprocessError
 from megatron.data.preprocess.post_training import PostTrainingOptions, preprocess_post_training
 from megatron.data.tokenizers import make_tokenizer
-from tests.unit.data.conftest import HF_TOKENIZER
+from tests.unit.data.conftest import HF_TOKENIZER, SPM_MODEL
 
 IGNORE = -100
 
@@ -189,6 +189,26 @@ def test_pairs_align_and_mask_the_prompt(tmp_path, gpt2_files):
             assert _loss_runs(tok, tokens, lab) == [completion]
             n_prompt = int((lab == IGNORE).sum())
             assert tok.detokenize(tokens[:n_prompt]) == prompt  # the prompt is all masked
+
+
+def test_a_document_is_its_whole_text_tokenized(tmp_path, gpt2_files):
+    """SentencePiece puts its leading space once (not before every piece), and a token spanning
+    the prompt/completion boundary belongs to the completion."""
+    import sentencepiece as spm
+
+    records = [{"prompt": "Hi", "chosen": " there", "rejected": " friend"}]
+    _run(tmp_path, "pairs", records, dict(tokenizer_type="SPMTokenizer", vocab_file=str(SPM_MODEL)))
+    sp = spm.SentencePieceProcessor(model_file=str(SPM_MODEL))
+    eod = make_tokenizer("SPMTokenizer", str(SPM_MODEL)).eod
+    assert _read(tmp_path, "text_pos").get(0).tolist() == sp.encode("Hi there") + [eod]
+    assert _read(tmp_path, "text_neg").get(0).tolist() == sp.encode("Hi friend") + [eod]
+
+    tok = make_tokenizer(**_gpt2(gpt2_files))
+    _run(tmp_path, "pairs", [{"prompt": "Hel", "chosen": "lo world", "rejected": "p me"}],
+         _gpt2(gpt2_files))  # fmt: skip
+    pos, pos_label = _read(tmp_path, "text_pos").get(0), _read(tmp_path, "text_pos_label").get(0)
+    assert pos.tolist() == tok.tokenize("Hello world") + [tok.eod]
+    assert _loss_runs(tok, pos, pos_label) == ["Hello world<|endoftext|>"]
 
 
 def test_kto_text_label_and_reward(tmp_path, gpt2_files):
