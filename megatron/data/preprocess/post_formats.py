@@ -75,7 +75,7 @@ class SequenceBuilder:
 
     def _ids(self, text: str) -> list[int]:
         try:
-            return self.tokenizer.tokenize_segment(text) if text else []
+            return self.tokenizer.tokenize_without_specials(text) if text else []
         except Exception:  # e.g. lone surrogates from a JSON escape
             raise RecordProblem(UNTOKENIZABLE) from None
 

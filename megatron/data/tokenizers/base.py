@@ -51,9 +51,10 @@ class Tokenizer(ABC):
         """Ids of several texts; subclasses with a batched backend override this."""
         return [self.tokenize(t) for t in texts]
 
-    def tokenize_segment(self, text: str) -> list[int]:
-        """Ids of `text` as one piece of a longer text (a chat turn, a completion after its
-        prompt): without the special tokens (BOS, EOS) the tokenizer adds around a whole text."""
+    def tokenize_without_specials(self, text: str) -> list[int]:
+        """Ids of `text` without the special tokens (BOS, EOS) the tokenizer adds around a text,
+        for text that writes its own (a rendered chat template), as transformers'
+        apply_chat_template tokenizes."""
         return self.tokenize(text)
 
     @cached_property

@@ -34,7 +34,7 @@ class _BackendTokenizer(Tokenizer):
         encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
         return [e.ids for e in encode(texts)]
 
-    def tokenize_segment(self, text: str) -> list[int]:
+    def tokenize_without_specials(self, text: str) -> list[int]:
         return self._backend.encode(text, add_special_tokens=False).ids
 
     def detokenize(self, ids) -> str:
