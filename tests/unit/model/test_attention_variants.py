@@ -3,8 +3,10 @@
 - Sliding window (`sliding_window_width` W: query i sees keys j with 0 <= i - j <= W): every
   backend (reference, fused softmax, SDPA; with grouped query heads and with ALiBi) equals a
   textbook masked attention, for W smaller and larger than the sequence, output and gradients;
-  a model generating with the key/value cache gives, token by token, the logits of the full
-  forward pass, and the window does change them.
+  so does the key/value cache's attention (`CachedAttention`, what generation runs), fed a
+  prefill, a two-token chunk and then one token at a time; a model generating with the cache
+  gives, token by token, the logits of the full forward pass, and a window shorter than the
+  sequence does change them (a longer one does not).
 - z-loss: `loss_fn` equals cross entropy + z × masked mean of logsumexp², and at tp=2 (gloo,
   vocabulary split) the same value and logit gradients as at tp=1.
 - q/k/v-only biases and an explicit head_dim: the parameters built are the ones counted.
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from megatron.config import ConfigError, config_from_dict
-from megatron.inference.kv_cache import kv_cache
+from megatron.inference.kv_cache import CachedAttention, KVCache, kv_cache
 from megatron.model import build_gpt, layer_parameters, loss_fn
 from megatron.model.attention_backends import (
     FusedSoftmaxAttention,
@@ -80,9 +82,26 @@ def test_sliding_window_matches_masked_attention(backend, window, alibi):
         assert_close(g, eg, f"{backend.__name__} W={window} d{name}", tol=1e-6)
 
 
+@pytest.mark.parametrize("backend", [ReferenceAttention, SDPAAttention])
+@pytest.mark.parametrize("window", [0, 3, 20])
+def test_cached_attention_matches_masked_attention(backend, window):
+    args = neox_args(
+        num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D, sliding_window_width=window
+    )
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(S, B, n, D, generator=gen) for n in (NQ, NKV, NKV))
+    expected = windowed_attention(q, k, v, window)
+    cached = CachedAttention(backend(args, layer_number=2).eval(), KVCache(), layer=0)
+    # prefill 4 (past W=3), then a chunk of 2 (queries aligned to the end), then single tokens
+    cuts = [0, 4, 6, *range(7, S + 1)]
+    steps = [cached(q[a:b], k[a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    assert_close(torch.cat(steps), expected, f"cached {backend.__name__} W={window}", tol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["global", "sdpa"])
-def test_cached_generation_slides_the_window(kind):
-    args = llama_args(sliding_window_width=3, layer_attention_types=(kind,) * 4)
+@pytest.mark.parametrize("window", [3, 20])
+def test_cached_generation_slides_the_window(kind, window):
+    args = llama_args(sliding_window_width=window, layer_attention_types=(kind,) * 4)
     model = build_gpt(args).eval()
     tokens = torch.randint(0, args.vocab_size, (2, 12), generator=torch.Generator().manual_seed(4))
     positions = torch.arange(12).expand(2, 12)
@@ -97,8 +116,10 @@ def test_cached_generation_slides_the_window(kind):
         unwindowed.load_state_dict(model.state_dict())
         without = unwindowed(tokens, positions)
     assert_close(torch.cat(steps, dim=1), full, f"cached {kind} vs full forward", tol=1e-5)
-    assert (full[:, 4:] - without[:, 4:]).abs().max() > 1e-3  # the window is in force
-    assert_close(full[:, :4], without[:, :4], "positions inside the window", tol=1e-5)
+    inside = min(window + 1, 12)  # positions whose every key is inside the window
+    assert_close(full[:, :inside], without[:, :inside], "positions inside the window", tol=1e-5)
+    if window < 12:
+        assert (full[:, inside:] - without[:, inside:]).abs().max() > 1e-3  # the window is in force
 
 
 def z_loss_formula(logits, targets, mask, z):
