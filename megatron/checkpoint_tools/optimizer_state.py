@@ -42,26 +42,33 @@ def _zero_stage(cfg) -> int:
     return int(getattr(cfg.parallel, "zero_stage", 0) or 0)
 
 
-def unmovable_reason(cfg) -> str:
-    """Why the optimizer state of a run with `cfg` cannot change layout ("" when it can)."""
+def unmovable_reason(cfg, zero_stage: int = 0) -> str:
+    """Why the optimizer state of a run with `cfg` cannot change layout for a run with ZeRO
+    `zero_stage` ("" when it can)."""
     name = cfg.optimizer.optimizer_type
     if name not in MOVABLE:
         return (
             f"optimizer '{name}' keeps state that is not elementwise per parameter (those "
             f"that can move: {', '.join(MOVABLE)})"
         )
-    precision = cfg.precision.dtype
-    if _zero_stage(cfg) > 0 and precision != "fp32":
+    precision, source = cfg.precision.dtype, _zero_stage(cfg)
+    if source > 0 and precision != "fp32":
+        from megatron.checkpoint_tools.universal import UNIVERSAL_STAGES
+
+        if precision == "bf16" and source in UNIVERSAL_STAGES and zero_stage in UNIVERSAL_STAGES:
+            return ""  # fp32 master weights and moments into DeepSpeed's universal layout
         return (
-            f"ZeRO with precision {precision}: the state is written for a torch optimizer "
-            "without ZeRO, which only an fp32 run loads"
+            f"ZeRO stage {source} with precision {precision}: only bf16 ZeRO 1/2 checkpoints "
+            "move, and only to a ZeRO 1/2 run (tools/reshard.py --zero-stage 1 or 2: fp32 "
+            "master weights and moments in DeepSpeed's universal layout); fp16 would lose its "
+            "loss scale, ZeRO-3 bf16 is not verified"
         )
     return ""
 
 
-def read_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
-    """`(state, "")`, or `(None, why it cannot be moved)`."""
-    why = unmovable_reason(reader.cfg)
+def read_optimizer_state(reader, zero_stage: int = 0) -> tuple[FullOptimizerState | None, str]:
+    """`(state, "")`, or `(None, why it cannot be moved)` for a run with ZeRO `zero_stage`."""
+    why = unmovable_reason(reader.cfg, zero_stage)
     if why:
         return None, why
     if _zero_stage(reader.cfg) > 0:
@@ -161,5 +168,11 @@ def _shard_param_state(state: dict, schema: ModelSchema, name: str, tp: int, tp_
             if spec.is_vocab_table:
                 value = resize_vocab(value, spec.shape[0])
             value = schema.shard(name, value, tp, tp_rank)
+        elif torch.is_tensor(value):
+            # A ZeRO group's one `step` tensor stands for all its parameters; torch's
+            # `load_state_dict` keeps a saved step tensor as it is and Adam adds 1 to it in
+            # place for each parameter, so a tensor shared by N parameters would count N steps
+            # per step (wrong bias correction). Each parameter gets its own.
+            value = value.clone()
         out[key] = value
     return out
