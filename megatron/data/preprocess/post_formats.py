@@ -17,8 +17,9 @@ GPT2Dataset reads a document's first reward value and repeats it over the sample
 GPTDataset reads one value per token: both read this layout alike.
 
 A document is the tokenization of its whole text (prompt and completion, or every rendered
-chat turn), without the special tokens a tokenizer adds around a text (a chat template writes
-its own BOS); a token that spans the prompt/completion or a turn boundary belongs to the later
+chat turn); plain strings get the special tokens the tokenizer adds around a text (e.g. a BOS,
+as preprocess_data.py's documents have them), rendered chats only those their template writes;
+a token that spans the prompt/completion or a turn boundary belongs to the later
 piece. Plain strings are joined verbatim: put any separator (a space, a newline) in them.
 Every sequence ends with the tokenizer's EOD, which carries loss when the completion does (the
 model learns to stop).
@@ -73,23 +74,27 @@ class SequenceBuilder:
     seq_length: int | None = None
     label_scope: str = "completion"
 
-    def _ids(self, text: str) -> list[int]:
+    def _ids(self, text: str, specials: bool) -> list[int]:
+        tokenize = self.tokenizer.tokenize if specials else self.tokenizer.tokenize_without_specials
         try:
-            return self.tokenizer.tokenize_without_specials(text) if text else []
+            return tokenize(text) if text else []
         except Exception:  # e.g. lone surrogates from a JSON escape
             raise RecordProblem(UNTOKENIZABLE) from None
 
-    def sequence(self, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+    def sequence(self, pieces: list[tuple[str, bool]], specials: bool = True):
         """The ids of the whole text (as GPT-NeoX's chat preprocessing and transformers'
         apply_chat_template tokenize it, so SentencePiece's leading space and merges across
         pieces are those of the full text); piece i owns the ids that the text up to its end
-        shares with the whole, so a token spanning a boundary belongs to the later piece."""
-        tokens = self._ids("".join(text for text, _ in pieces))
+        shares with the whole, so a token spanning a boundary belongs to the later piece.
+        `specials`: with the special tokens the tokenizer adds around a text (BOS), as
+        preprocess_data.py writes pretraining documents; a chat template writes its own."""
+        tokens = self._ids("".join(text for text, _ in pieces), specials)
         labels: list[int] = []
         done = ""
         for i, (text, loss) in enumerate(pieces):
             done += text
-            n = len(tokens) if i + 1 == len(pieces) else common_prefix(self._ids(done), tokens)
+            last = i + 1 == len(pieces)
+            n = len(tokens) if last else common_prefix(self._ids(done, specials), tokens)
             owned = tokens[len(labels) : max(n, len(labels))]
             labels += owned if loss else [IGNORE_INDEX] * len(owned)
         eod = self.tokenizer.eod
@@ -108,10 +113,8 @@ class SequenceBuilder:
     def chat(self, messages: list[dict], first_loss_turn: int = 0):
         """(tokens, labels) of a conversation: loss on assistant turns from `first_loss_turn`."""
         pieces = self.template.turns(messages)
-        return self.sequence(
-            [(text, m["role"] == ASSISTANT and i >= first_loss_turn)
-             for i, (text, m) in enumerate(zip(pieces, messages))]
-        )  # fmt: skip
+        loss = [m["role"] == ASSISTANT and i >= first_loss_turn for i, m in enumerate(messages)]
+        return self.sequence(list(zip(pieces, loss)), specials=False)
 
 
 def required(record: dict, key: str):

@@ -143,6 +143,12 @@ def test_tokenizer_chat_template_and_bos_once(tmp_path):
     assert tokens[0] == bos and list(tokens).count(bos) == 1
     assert tok.detokenize(tokens) == "<s>[user] Hi there\n[assistant] Hello\n<|endoftext|>"
     assert _loss_runs(tok, tokens, labels) == ["Hello\n<|endoftext|>"]
+    # plain strings get the tokenizer's own BOS, as preprocess_data.py's documents do
+    _run(tmp_path, "pairs", [{"prompt": "Hi", "chosen": " there", "rejected": " you"}], tok_args)
+    tokens, labels = _read(tmp_path, "text_pos").get(0), _read(tmp_path, "text_pos_label").get(0)
+    assert tokens.tolist() == tok.tokenize("Hi there") + [tok.eod]
+    assert tokens[0] == bos and labels[0] == IGNORE
+    assert _loss_runs(tok, tokens, labels) == [" there<|endoftext|>"]
 
 
 def test_chatml_default_matches_the_published_jinja(tmp_path):
