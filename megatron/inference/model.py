@@ -92,6 +92,13 @@ class InferenceModel:
                 "--set load=PATH to deepy.py)"
             )
         cfg = inference_config(cfg)
+        if ModelArgs.from_config(cfg).value_head:
+            raise ValueError(
+                "train_impl: rm builds a reward model: its value head gives one score per "
+                "token, not next-token logits, so it cannot generate or be evaluated as a "
+                "language model; export it with tools/convert_to_hf.py (a "
+                "...ForSequenceClassification) to score texts"
+            )
         module = build_model(cfg, topology)
         device, dtype = inference_device_and_dtype(cfg)
         load_weights(module, path, topology)

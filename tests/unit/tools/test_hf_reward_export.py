@@ -44,7 +44,7 @@ FAMILIES = {
 }
 
 
-def reward_checkpoint(folder, family_keys):
+def reward_config(family_keys):
     keys = dict(
         num_layers=2,
         hidden_size=32,
@@ -61,7 +61,11 @@ def reward_checkpoint(folder, family_keys):
         **RECORD_DEFAULTS,
         **family_keys,
     )
-    cfg = config_from_dict(keys, vocab_size=VOCAB)
+    return config_from_dict(keys, vocab_size=VOCAB)
+
+
+def reward_checkpoint(folder, family_keys):
+    cfg = reward_config(family_keys)
     args = ModelArgs.from_config(cfg)
     assert args.value_head
     state = random_state(args)
@@ -124,3 +128,11 @@ def test_reward_model_exports_as_sequence_classification(tmp_path, hf_class, cap
     assert scores.shape == (6, 1)
     err = (scores.squeeze(1) - rewards).abs().max().item()
     assert err <= 1e-5 * max(1.0, rewards.abs().max().item()), err
+
+
+def test_generation_refuses_a_reward_model():
+    from megatron.inference import InferenceModel
+
+    cfg = reward_config(FAMILIES["LlamaForSequenceClassification"])
+    with pytest.raises(ValueError, match="train_impl: rm builds a reward model"):
+        InferenceModel.from_config(cfg, None, "any/checkpoint", vocab_size=VOCAB)
