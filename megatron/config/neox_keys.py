@@ -312,8 +312,4 @@ REFUSED_VALUES: dict[tuple[str, str], str] = {
         "only the mmap .bin/.idx format is read; re-run tools/preprocess_data.py and use "
         "data_impl: mmap"
     ),
-    ("text_gen_type", "precompute"): (
-        "generate.py does not precompute log-probabilities; use unconditional, input-file or "
-        "interactive"
-    ),
 }

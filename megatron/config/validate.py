@@ -209,6 +209,11 @@ def validate_post_training_data(cfg: Config, sources: dict[str, str]) -> None:
     """`dataset_impl`, `pack_impl` and the pos/neg/reward paths (GPT-NeoX's post-training
     data): every path given is read, every pair is whole."""
     d = cfg.data
+    if cfg.generation.text_gen_type == "precompute" and not d.precompute_model_name:
+        raise ConfigError(
+            f"text_gen_type: precompute{_src(sources, 'text_gen_type')} writes the reference "
+            "log-probs as {prefix}_{precompute_model_name}: set precompute_model_name"
+        )
     if cfg.training.train_epochs and (d.pack_impl != "packed" or d.dataset_impl == "pairwise"):
         raise ConfigError(
             f"train_epochs{_src(sources, 'train_epochs')} needs pack_impl: packed and dataset_impl:"

@@ -7,6 +7,7 @@
 | `sampling`   | `SamplingSettings`, greedy / temperature / top-k / top-p                |
 | `generation` | `generate(model, prompts, settings)`: batched, cached or recomputed     |
 | `text`       | `generate_from_config(cfg)`: prompt sources, jsonl output (generate.py) |
+| `precompute` | `precompute_from_config(cfg)`: reference log-probs (`text_gen_type: precompute`) |
 """
 
 from megatron.inference.generation import Generated, generate, generate_batch

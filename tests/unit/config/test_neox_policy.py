@@ -232,9 +232,11 @@ def test_schema_values_nothing_builds_are_refused(write, text, key):
         _load(write, text)
 
 
-def test_precompute_generation_is_refused(write):
-    with pytest.raises(ConfigError, match="text_gen_type.*precompute"):
+def test_precompute_generation_needs_the_model_name_it_writes_under(write):
+    with pytest.raises(ConfigError, match="text_gen_type: precompute.*precompute_model_name"):
         _load(write, "text_gen_type: precompute\n", training=False)
+    cfg = _load(write, "text_gen_type: precompute\nprecompute_model_name: sft\n", training=False)
+    assert cfg.generation.text_gen_type == "precompute"
 
 
 def test_bias_gelu_fusion_trains_gpt_neox_tanh_gelu(write):
@@ -304,9 +306,10 @@ def test_every_run_choice_is_supported_or_refused():
     assert _literal_choices("tokenizer_type") == set(TOKENIZER_TYPES)
     assert _literal_choices("lr_decay_style") <= set(DECAY_STYLES)
     assert _literal_choices("wsd_decay_style") <= set(DECAY_STYLES)
+    # precompute is not a prompt source: generate.py hands it to megatron/inference/precompute.py
     assert _literal_choices("text_gen_type") - _refused_choices("text_gen_type") == set(
         PROMPT_SOURCES
-    )
+    ) | {"precompute"}
     assert _literal_choices("launcher") == set(RUNNER_LAUNCHERS) | set(UNSUPPORTED_LAUNCHERS)
 
 
