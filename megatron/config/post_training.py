@@ -72,13 +72,10 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
             "would ignore it: set z_loss: 0"
         )
     dataset_impl = getattr(cfg.data, "dataset_impl", "gpt2")
-    want = "pairwise" if p.train_impl in ("dpo", "rm") else "gpt2"
-    if dataset_impl != want:
-        raise ConfigError(
-            f"{impl} needs dataset_impl: {want} ("
-            + ("chosen/rejected pairs" if want == "pairwise" else "text with rewards")
-            + f"), not {dataset_impl}"
-        )
+    pairwise = p.train_impl in ("dpo", "rm")
+    if (dataset_impl == "pairwise") != pairwise:
+        want = "pairwise (chosen/rejected pairs)" if pairwise else "gpt2 (text with rewards)"
+        raise ConfigError(f"{impl} needs dataset_impl: {want}, not {dataset_impl}")
     micro = cfg.training.train_micro_batch_size_per_gpu
     if p.train_impl == "kto" and (micro or 0) % 2:
         raise ConfigError(

@@ -77,22 +77,27 @@ def to_model_inputs(sample: dict, settings: BatchSettings):
 
 
 class ModelBatches:
-    """Iterator of model inputs over a loader iterator; counts the micro-batches it gave."""
+    """Iterator of model inputs over a loader iterator; counts the micro-batches it gave.
 
-    def __init__(self, samples, settings: BatchSettings, device=None):
+    `objective` (`megatron/training/objectives/`) turns samples into inputs; without one,
+    `to_model_inputs` (the language-model objective's)."""
+
+    def __init__(self, samples, settings: BatchSettings, device=None, objective=None):
         self.samples = samples
         self.settings = settings
         self.device = device
+        self.convert = objective.model_inputs if objective is not None else to_model_inputs
         self.taken = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        (tokens, positions), (labels, mask) = to_model_inputs(next(self.samples), self.settings)
+        inputs, loss_inputs = self.convert(next(self.samples), self.settings)
         self.taken += 1
         if self.device is not None:
-            tokens, positions, labels, mask = (
-                t.to(self.device, non_blocking=True) for t in (tokens, positions, labels, mask)
+            inputs, loss_inputs = (
+                tuple(t.to(self.device, non_blocking=True) for t in part)
+                for part in (inputs, loss_inputs)
             )
-        return (tokens, positions), (labels, mask)
+        return inputs, loss_inputs

@@ -70,7 +70,10 @@ class LoggingCallback(Callback):
         self.grad_norms = grad_norms  # a GradNormRecorder, with log_grad_norm
 
     def after_step(self, loop):
-        extras = getattr(loop.steps, "moe_losses", None)  # router losses of MoE models
+        extras = {  # router losses of MoE models, the objective's metrics (DPO, KTO, ...)
+            **(getattr(loop.steps, "moe_losses", None) or {}),
+            **(getattr(loop.steps, "objective_metrics", None) or {}),
+        }
         self.monitor.step(loop.last_loss, loop.last_applied, extras)
         if loop.state.iteration % self.interval == 0:
             self._log(loop)

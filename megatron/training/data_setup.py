@@ -57,12 +57,13 @@ def valid_samples_consumed(cfg, iteration: int) -> int:
 class BatchFactory:
     """Makes this rank's model-input iterators over a dataset from a consumed-sample count."""
 
-    def __init__(self, cfg, topology, settings: BatchSettings, device=None):
+    def __init__(self, cfg, topology, settings: BatchSettings, device=None, objective=None):
         self.micro_batch = cfg.training.train_micro_batch_size_per_gpu
         self.num_workers = cfg.data.num_workers
         self.dp_rank, self.dp_size = topology.dp_rank, topology.dp_size
         self.settings = settings
         self.device = device
+        self.objective = objective
 
     def __call__(self, dataset, consumed_samples: int) -> ModelBatches | None:
         if dataset is None:
@@ -77,4 +78,4 @@ class BatchFactory:
             self.dp_size,
             num_workers=self.num_workers,
         )
-        return ModelBatches(samples, self.settings, self.device)
+        return ModelBatches(samples, self.settings, self.device, self.objective)

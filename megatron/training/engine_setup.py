@@ -36,8 +36,9 @@ class EngineParts:
     ds_config: dict
 
 
-def build_engine(cfg, topology, train_iters: int) -> EngineParts:
-    """Build the model (seeded by the caller), optimizer, scheduler and DeepSpeed engine."""
+def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts:
+    """Build the model (seeded by the caller), optimizer, scheduler and DeepSpeed engine;
+    the model's `loss_fn` is `objective`'s (`objectives/`; None: the language-model loss)."""
     import deepspeed
 
     from megatron.config import deepspeed_config
@@ -45,6 +46,8 @@ def build_engine(cfg, topology, train_iters: int) -> EngineParts:
 
     ds_config = deepspeed_config(cfg)
     model = build_model_for_engine(cfg, topology, ds_config)
+    if objective is not None:
+        objective.install(model)
     model_parallel_seed(cfg.training.seed, topology)
     optimizer, _ = build_optimizer_from_config(cfg, model)
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_EXP = 700.0  # exp() of more overflows a float; such a perplexity is reported as exp(700)
 
@@ -12,6 +12,8 @@ MAX_EXP = 700.0  # exp() of more overflows a float; such a perplexity is reporte
 class EvalResult:
     loss: float
     perplexity: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The objective's metrics over the evaluation (DPO's rewards, margins, accuracy, ...)."""
 
     def record(self, iteration: int, split: str) -> dict:
         """The evaluation record the loggers take."""
@@ -20,6 +22,7 @@ class EvalResult:
             "split": split,
             "loss": self.loss,
             "perplexity": self.perplexity,
+            **self.metrics,
         }
 
 
@@ -29,7 +32,8 @@ def evaluate(steps, batches, eval_iters: int) -> EvalResult:
         raise ValueError(f"eval_iters must be >= 1 to evaluate, got {eval_iters}")
     losses = [steps.eval_step(batches) for _ in range(eval_iters)]
     loss = sum(losses) / len(losses)
-    return EvalResult(loss, math.exp(min(loss, MAX_EXP)))
+    metrics = steps.take_metrics() if hasattr(steps, "take_metrics") else {}
+    return EvalResult(loss, math.exp(min(loss, MAX_EXP)), metrics)
 
 
 class Evaluator:

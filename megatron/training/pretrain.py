@@ -43,6 +43,7 @@ from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
 from megatron.training.objectives import build_objective
 from megatron.training.profiling import ProfilerCallback, ProfileSettings
+from megatron.training.reference import build_reference
 from megatron.training.report import (
     final_summary,
     layout_change_notice,
@@ -210,11 +211,14 @@ def pretrain(cfg) -> TrainResult:
 
     topology = initialize_distributed(cfg)
     rank = dist.get_rank()
-    build_objective(cfg, topology.tp_group)  # refuses a train_impl that is not built
+    objective = build_objective(cfg, topology.tp_group)
     seed_everything(cfg.training.seed)
     tokenizer = build_tokenizer(cfg)
     train_iters = resolve_train_iters(cfg)
-    parts = build_engine(cfg, topology, train_iters)
+    reference = build_reference(cfg, topology, objective)  # before the policy (reference.py)
+    if reference is not None:
+        seed_everything(cfg.training.seed)  # the policy draws what it draws without one
+    parts = build_engine(cfg, topology, train_iters, objective)
     engine, c, t = parts.engine, cfg.checkpointing, cfg.training
     io = CheckpointIO(
         engine,
@@ -232,12 +236,14 @@ def pretrain(cfg) -> TrainResult:
     notice = layout_change_notice(loaded.get("layout") if loaded else None, layout)
     if notice:  # another rank's stream (or none) would be restored: start from the seed
         loaded["rng_state"] = None
+    facts = {"layout": layout}
+    if reference is not None:
+        facts["reference"] = reference.load(cfg, loaded)
     train_samples = train_samples_needed(train_iters, t.train_batch_size, loaded)
 
     datasets = build_datasets(cfg, train_iters, train_samples)
-    make_batches = BatchFactory(
-        cfg, topology, BatchSettings.from_config(cfg, tokenizer.eod), engine.device
-    )
+    settings = BatchSettings.from_config(cfg, tokenizer.eod)
+    make_batches = BatchFactory(cfg, topology, settings, engine.device, objective)
     train_batches = make_batches(datasets[0], state.consumed_samples)
     valid_batches = make_batches(datasets[1], valid_samples_consumed(cfg, state.iteration))
     io.restore_rng(loaded)  # after the iterators: creating one draws from torch's generator
@@ -247,7 +253,7 @@ def pretrain(cfg) -> TrainResult:
     started_at = state.iteration
     try:
         _report(cfg, topology, loggers, flops, train_iters, state, datasets, notice)
-        steps = engine_steps(engine, topology)
+        steps = engine_steps(engine, topology, objective, reference)
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
@@ -277,7 +283,7 @@ def pretrain(cfg) -> TrainResult:
             callbacks=callbacks,
             exit_interval=t.exit_interval,
             stop=StopRequest(),
-            facts={"layout": layout, "train_samples": train_samples},
+            facts={**facts, "train_samples": train_samples},
         )
         loop.stop.install()
         try:

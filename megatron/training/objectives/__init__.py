@@ -6,11 +6,15 @@ To add one: a module here with an `Objective` subclass, and its entry in `OBJECT
 from __future__ import annotations
 
 from megatron.training.objectives.base import MetricSums, Objective
+from megatron.training.objectives.dpo import DPO
+from megatron.training.objectives.kto import KTO
 from megatron.training.objectives.lm import LanguageModel
 from megatron.training.objectives.rm import RewardModel
 
 OBJECTIVES: dict[str, type[Objective]] = {
     "normal": LanguageModel,
+    "dpo": DPO,
+    "kto": KTO,
     "rm": RewardModel,
 }
 

@@ -78,6 +78,10 @@ class Objective:
         """Make `model.loss_fn` this objective's loss (the engines call `module.loss_fn`)."""
         model.loss_fn = self.loss
 
+    def summary(self, topology=None) -> dict[str, float]:
+        """The metrics since the last summary (collective, see `MetricSums.reduce`)."""
+        return self.metrics.reduce(topology)
+
     def model_inputs(self, sample: dict, settings):
         """`((tokens, position_ids), loss_inputs)` for one micro-batch of loader samples."""
         raise NotImplementedError

@@ -1,0 +1,94 @@
+"""`train_impl: kto`: Kahneman-Tversky Optimization (Ethayarajh et al. 2024).
+
+Each sample is one sequence with a reward (the `reward` dataset, per token; its mean over the
+sequence is the sample's): positive = desirable, negative = undesirable. With `r` = the
+policy-to-reference log-ratio of a sequence (log-probabilities summed over label tokens):
+
+    loss = mean over samples of lambda_y * (1 - sigmoid(beta * reward * (r - z)))
+
+where `lambda_y` is `kto_desirable_weight` or `kto_undesirable_weight` (0 for a zero reward)
+and `z` the reference point, the KL estimate. As GPT-NeoX does (it has no separate mismatched
+KL inputs), the micro-batch is split in two halves and each half's `z` is the other half's
+mean of `max(r, 0)`, without gradient; a micro-batch therefore has an even number of samples.
+
+The weight is each sample's own `lambda_y` (the paper's, and TRL's). GPT-NeoX multiplies each
+half by the MEAN weight of that half, which differs only when the two weights differ and a
+half mixes both classes.
+
+Metrics: `desirable_rewards` / `undesirable_rewards` (mean `beta * r` per class), `margins`
+(their difference), `reward_acc` (fraction whose `reward * r` is positive), `kl` (mean of the
+two halves' estimates).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.training.batches import to_model_inputs
+from megatron.training.objectives.base import Objective
+from megatron.training.objectives.dpo import precomputed
+from megatron.training.objectives.logprobs import (
+    require_keys,
+    sequence_logps,
+    stored_sequence_logps,
+)
+
+REWARD_EPS = 0.001  # GPT-NeoX's threshold between desirable, undesirable and neither
+
+
+class KTO(Objective):
+    name = "kto"
+    metric_names = ("desirable_rewards", "undesirable_rewards", "reward_acc", "kl")
+
+    def __init__(self, cfg, tp_group=None):
+        super().__init__(cfg, tp_group)
+        p = cfg.post_training
+        self.beta, self.fp32 = p.kto_beta, p.kto_fp32
+        self.weights = (p.kto_desirable_weight, p.kto_undesirable_weight)
+        self.stored_ref = precomputed(cfg)
+
+    @property
+    def needs_reference(self) -> bool:
+        return not self.stored_ref
+
+    def summary(self, topology=None) -> dict[str, float]:
+        metrics = super().summary(topology)
+        if "desirable_rewards" in metrics and "undesirable_rewards" in metrics:
+            metrics["margins"] = metrics["desirable_rewards"] - metrics["undesirable_rewards"]
+        return metrics
+
+    def model_inputs(self, sample, settings):
+        require_keys(sample, ("text", "reward"), "train_impl: kto needs text with rewards")
+        inputs, (labels, mask) = to_model_inputs(sample, settings)
+        if labels.shape[0] % 2:
+            raise ValueError(f"train_impl: kto needs an even micro-batch, got {labels.shape[0]}")
+        reward = torch.as_tensor(sample["reward"]).float()[:, :-1].mean(-1)  # (b,)
+        ref = torch.zeros(labels.shape[0], dtype=torch.float32)
+        if self.stored_ref:
+            require_keys(sample, ("ref",), "precompute_model_name is set")
+            ref = stored_sequence_logps(sample["ref"], mask)
+        return inputs, (labels, mask, ref, reward)
+
+    def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
+        labels, mask = loss_inputs[:2]
+        return sequence_logps(logits, labels, mask, self.tp_group, self.fp32).detach()
+
+    def loss(self, logits, loss_inputs):
+        labels, mask, ref, reward = loss_inputs
+        pi = sequence_logps(logits, labels, mask, self.tp_group, self.fp32)  # (b,)
+        ratio = pi - ref.to(pi.dtype)
+        half1, half2 = ratio.detach().chunk(2)
+        kl1, kl2 = half1.clamp(min=0).mean(), half2.clamp(min=0).mean()
+        z = torch.cat([kl2.expand_as(half1), kl1.expand_as(half2)])  # the other half's
+        reward = reward.to(pi.dtype)
+        desirable, undesirable = reward > REWARD_EPS, reward < -REWARD_EPS
+        weight = desirable.float() * self.weights[0] + undesirable.float() * self.weights[1]
+        value = torch.sigmoid(self.beta * reward * (ratio - z))
+        loss = (weight * (1 - value)).mean()
+        with torch.no_grad():
+            implicit = self.beta * ratio
+            self.metrics.add("desirable_rewards", implicit[desirable].sum(), desirable.sum())
+            self.metrics.add("undesirable_rewards", implicit[undesirable].sum(), undesirable.sum())
+            self.metrics.add("reward_acc", (reward * ratio > 0).float().sum(), ratio.numel())
+            self.metrics.add("kl", (kl1 + kl2) / 2, 1)
+        return loss

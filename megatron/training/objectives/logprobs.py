@@ -1,0 +1,44 @@
+"""Per-sequence log-probabilities from vocab-parallel logits, shared by the preference objectives.
+
+A sequence's log-probability is the sum over its label tokens (loss mask 1) of the per-token
+log-probability `-vocab_parallel_cross_entropy(logits, labels)`, as GPT-NeoX's `get_logp`
+computes it; the vocabulary may be split over the tensor-parallel group. Reference
+log-probabilities either come from a reference model's logits through the same function or
+from the sample (`ref`, `pos_ref`, `neg_ref`: float per-token values aligned with the text,
+of which the last is dropped exactly as the last token is).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.parallel import vocab_parallel_cross_entropy
+
+
+def sequence_logps(logits, labels, loss_mask, tp_group=None, fp32: bool = True) -> torch.Tensor:
+    """`(b,)` sum over masked tokens of log p(label) under `(b, s, V/tp)` logits, in fp32
+    (fp64 for fp64 logits).
+
+    `fp32: false` keeps the per-token values and their sum in the logits' dtype (GPT-NeoX's
+    `dpo_fp32`/`kto_fp32` off); the cross entropy itself always runs in fp32 here."""
+    token_logps = -vocab_parallel_cross_entropy(logits, labels, tp_group)  # (b, s) fp32
+    mask = loss_mask.to(token_logps.dtype)
+    if not fp32:
+        token_logps, mask = token_logps.to(logits.dtype), mask.to(logits.dtype)
+    total = (token_logps * mask).sum(-1)
+    return total.to(torch.promote_types(total.dtype, torch.float32))
+
+
+def stored_sequence_logps(ref: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """`(b,)` sum over masked tokens of a sample's per-token reference values `(b, s + 1)`."""
+    per_token = torch.as_tensor(ref).float()[:, :-1]  # (b, s): the value at the input token
+    return (per_token * loss_mask.float()).sum(-1)
+
+
+def require_keys(sample: dict, keys: tuple[str, ...], why: str) -> None:
+    missing = [k for k in keys if k not in sample]
+    if missing:
+        raise ValueError(
+            f"{why}: the samples lack {missing} (they hold {sorted(sample)}); check the "
+            "dataset paths of the config"
+        )
