@@ -8,7 +8,9 @@ parameter shapes and norms; and whether a run can resume it at another layout.
 Norms are of the full (merged) tensors, so they are the same at any tp/pp layout.
 `--resume-at` (or `--resume-config`, a run's config files) answers with `train.py`'s own
 rule, the pre-flight's (`megatron/preflight/checkpoints.py`): resumes directly, needs
-`tools/reshard.py` first (the command is printed), or cannot (and why).
+`tools/reshard.py` first (the command is printed), or cannot with its optimizer state (and
+why: no such tp/pp split, an optimizer state that cannot move, or a ZeRO stage that cannot
+restore a converted one).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from megatron.checkpoint_tools import (  # noqa: E402
     format_summary,
     summarize,
 )
+from megatron.checkpoint_tools.optimizer_state import unmovable_reason  # noqa: E402
 from megatron.checkpoint_tools.reader import load_saved_config  # noqa: E402
 from megatron.checkpoint_tools.reshard import check_layout  # noqa: E402
+from megatron.checkpoint_tools.universal import reshard_stage  # noqa: E402
 from megatron.preflight.checkpoints import _layout_finding  # noqa: E402
 
 RESUME_KEYS = ("tp", "pp", "dp", "zero")
@@ -91,6 +95,10 @@ def resume_verdict(reader, target: dict[str, int]) -> dict:
         same = old == (target["tp"], target["pp"], target["dp"])
         note = "" if same else "; dropout RNG streams restart from the seed (not bitwise)"
         return {"verdict": "direct", "reason": f"train.py loads it as it is{note}"}
+    stage, why = reshard_stage(target["zero"], target["tp"], target["pp"])
+    stuck = why.strip(" ()") or unmovable_reason(saved, stage)
+    if stuck:  # only the weights can move there (tools/reshard.py --no-optimizer)
+        return {"verdict": "cannot", "reason": f"with its optimizer state: {stuck}"}
     return {"verdict": "reshard", "reason": finding.message}
 
 

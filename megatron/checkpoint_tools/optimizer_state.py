@@ -58,7 +58,7 @@ def unmovable_reason(cfg, zero_stage: int = 0) -> str:
         if precision == "bf16" and source in UNIVERSAL_STAGES and zero_stage in UNIVERSAL_STAGES:
             return ""  # fp32 master weights and moments into DeepSpeed's universal layout
         return (
-            f"ZeRO stage {source} with precision {precision}: only bf16 ZeRO 1/2 checkpoints "
+            f"ZeRO with precision {precision} (stage {source}): only bf16 ZeRO 1/2 checkpoints "
             "move, and only to a ZeRO 1/2 run (tools/reshard.py --zero-stage 1 or 2: fp32 "
             "master weights and moments in DeepSpeed's universal layout); fp16 would lose its "
             "loss scale, ZeRO-3 bf16 is not verified"

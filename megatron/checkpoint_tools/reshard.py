@@ -152,7 +152,7 @@ def reshard_checkpoint(
     old_rows, new_rows = reader.args.vocab_size, schema.args.vocab_size
     if old_rows != new_rows:
         notes.append(f"padded vocabulary {old_rows} -> {new_rows} rows for tp={tp}")
-    moved, why = read_optimizer_state(reader) if optimizer else (None, "not requested")
+    moved, why = read_optimizer_state(reader, zero_stage) if optimizer else (None, "not requested")
     engine = reader.engine_state()
     trainer = reader.trainer_state()
     iteration = reader.layout.iteration
@@ -170,7 +170,7 @@ def reshard_checkpoint(
         engine_state=engine,
         trainer_state=trainer,
         overwrite=overwrite,
-        more_files=universal_files(schema, state, moved, tp, pp) if zero_stage else None,
+        more_files=universal_files(reader, schema, state, moved, tp, pp) if zero_stage else None,
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
     source_zero = int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)

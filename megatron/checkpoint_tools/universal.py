@@ -147,12 +147,18 @@ def write_universal_state(
     return root
 
 
-def universal_files(schema, weights, optimizer: FullOptimizerState | None, tp: int, pp: int):
+def universal_files(reader, schema, weights, optimizer: FullOptimizerState | None, tp, pp):
     """`write_checkpoint`'s `more_files` for a ZeRO 1/2 target (None without optimizer state:
-    the checkpoint then holds the weights only, in its ordinary model files)."""
+    the checkpoint then holds the weights only, in its ordinary model files). `weights` are the
+    module's; from a ZeRO 1/2 source `fp32.pt` gets the fp32 master weights of its partitions
+    (`master_weights.py`; the same values in an fp32 run, not the rounded ones in bf16)."""
     if optimizer is None:
         return None
     stages = max(1, pp)
+    if int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0) in UNIVERSAL_STAGES:
+        from megatron.checkpoint_tools.master_weights import read_master_weights
+
+        weights = read_master_weights(reader)
 
     def write(folder: Path) -> None:
         write_universal_state(

@@ -139,7 +139,7 @@ def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
     shards: dict[str, list] = {}
     for mp in range(mp_ranks):
         saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
-        stage = int(saved[0]["zero_stage"])
+        stage = int(saved[0].get("zero_stage", 1))  # DeepSpeed's bf16 optimizer: ZeRO-1
         shapes = _param_shapes(folder, mp, stage)
         per_param, groups = (_stage3 if stage == 3 else _stage12)(saved, shapes)
         for group in groups:

@@ -10,7 +10,8 @@
 - targets DeepSpeed cannot restore (ZeRO 3, ZeRO 2 on the pipeline engine) and a scalar state
   other than the step are refused, naming why;
 - the pre-flight resumes the universal checkpoint with ZeRO 1 at any data-parallel size,
-  refuses ZeRO 0 there, and names `--zero-stage` in the reshard command it prints.
+  refuses ZeRO 0 there, and names `--zero-stage` in the reshard command it prints;
+  `inspect_checkpoint --resume-at` says direct / reshard / cannot (ZeRO 3) by the same rule.
 """
 
 from __future__ import annotations
@@ -178,3 +179,38 @@ def test_preflight_resumes_it_with_zero1_at_any_dp_and_names_the_stage(converted
     (z3, *_) = _load_findings(source, 2, zero_optimization={"stage": 3}, **plain)
     assert "--zero-stage 0 and load the new folder with zero_optimization stage 0" in z3.message
     assert "(ZeRO stage 3 cannot restore a converted optimizer state" in z3.message
+
+
+def _verdict(checkpoint, target: str) -> dict:
+    from megatron.checkpoint_tools.reader import CheckpointReader
+    from tools.inspect_checkpoint import parse_resume_at, resume_verdict
+
+    return resume_verdict(CheckpointReader(checkpoint), parse_resume_at(target))
+
+
+def test_inspect_resume_at_follows_the_same_rule(converted):
+    out, source = converted["result"].folder, converted["folder"] / "ckpt"
+    assert _verdict(out, "tp=2,pp=1,dp=2,zero=1")["verdict"] == "direct"
+    assert _verdict(out, "tp=2,pp=1,dp=2,zero=0")["verdict"] == "reshard"
+    to_zero1 = _verdict(source, "tp=2,pp=1,dp=1,zero=1")
+    assert to_zero1["verdict"] == "reshard" and "--zero-stage 1" in to_zero1["reason"]
+    to_zero3 = _verdict(source, "tp=1,pp=0,dp=2,zero=3")
+    assert to_zero3["verdict"] == "cannot" and "ZeRO-3 universal loader" in to_zero3["reason"]
+
+
+def test_bf16_zero_state_moves_only_to_zero_1_and_2():
+    from types import SimpleNamespace
+
+    from megatron.checkpoint_tools.optimizer_state import unmovable_reason
+
+    def cfg(dtype, stage):
+        return SimpleNamespace(
+            parallel=SimpleNamespace(zero_stage=stage),
+            optimizer=SimpleNamespace(optimizer_type="AdamW"),
+            precision=SimpleNamespace(dtype=dtype),
+        )
+
+    assert unmovable_reason(cfg("bf16", 2), 1) == unmovable_reason(cfg("bf16", 1), 2) == ""
+    assert "only to a ZeRO 1/2 run" in unmovable_reason(cfg("bf16", 1), 0)
+    assert "fp16 would lose its loss scale" in unmovable_reason(cfg("fp16", 1), 1)
+    assert "ZeRO-3 bf16 is not verified" in unmovable_reason(cfg("bf16", 3), 1)
