@@ -10,8 +10,8 @@ Qwen2: q/k/v-only biases; Qwen3: QK-norm, an explicit head_dim != hidden/heads, 
 - exported back with `export_hf`: exactly the original tensors and settings (lossless);
 - configs the families cannot express are refused, on import and on export.
 
-The deepy `generate.py` run at (2, 2) is e2e for Qwen3 only (tests/e2e/test_generate_deepy.py):
-one multi-process run per family would be too slow for CI.
+Greedy tokens of `python deepy.py generate.py` on 4 ranks at (2, 2), per family and Mixtral:
+tests/e2e/test_generate_hf_families.py.
 """
 
 from __future__ import annotations
