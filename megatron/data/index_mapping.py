@@ -13,7 +13,8 @@ The padded packings (`pack_impl: pack_until_overflow | unpacked`) build the same
 by the rules of `packing.py`. The files are keyed by the `pack_impl` (in the name, as GPT-NeoX
 names them) and a hash of everything that shapes them, written under temporary names and
 renamed, and built by one rank (per node when nodes do not share a file system) while the
-others wait at a barrier.
+others wait at a barrier. The hash covers sizes, not label values (reading every label would
+slow every start): relabelled data of the same sizes needs its index files deleted.
 """
 
 from __future__ import annotations

@@ -173,3 +173,20 @@ def test_data_path_split_reads_reference_logprobs_of_its_documents(tmp_path):
     for ds in (train, valid):
         s = ds[0]
         assert s["ref"].tolist() == s["text"].astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize("pack_impl", ["unpacked", "pack_until_overflow"])
+def test_a_pair_with_a_side_that_carries_no_loss_is_skipped(tmp_path, pack_impl):
+    p = _write_pairs(tmp_path, labels=False)
+    neg_labels = _labels(NEG)
+    neg_labels[1] = [-100] * len(NEG[1])  # pair 1's rejected side: no token carries loss
+    write_dataset(tmp_path / "pl", _labels(POS), dtype=np.int32)
+    write_dataset(tmp_path / "nl", neg_labels, dtype=np.int32)
+    ds = PairwiseDataset(
+        "train", MMapIndexedDataset(p["pos"]), MMapIndexedDataset(p["neg"]), np.arange(4), 12,
+        SEQ, 1, pack_impl=pack_impl, pos_label=MMapIndexedDataset(tmp_path / "pl"),
+        neg_label=MMapIndexedDataset(tmp_path / "nl"),
+    )  # fmt: skip
+    served = [ds[i] for i in range(len(ds))]
+    assert not any(NEG[1][1] in s["neg"] or POS[1][1] in s["pos"] for s in served)
+    assert {d for d in range(4) if any(POS[d][1] in s["pos"] for s in served)} == {0, 2, 3}
