@@ -33,6 +33,13 @@ def test_neox_values_load(write):
     assert _load(write, text).data.train_reward_data_paths == ["d/r"]
 
 
+def test_the_issue_spelling_gpt_reads_as_gpt2(write):
+    from megatron.data.builders import DataSettings
+
+    cfg = _load(write, "dataset_impl: gpt\n")
+    assert DataSettings.from_config(cfg).dataset_impl == "gpt2"
+
+
 @pytest.mark.parametrize(
     "text, words",
     [
