@@ -76,6 +76,11 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
     if (dataset_impl == "pairwise") != pairwise:
         want = "pairwise (chosen/rejected pairs)" if pairwise else "gpt2 (text with rewards)"
         raise ConfigError(f"{impl} needs dataset_impl: {want}, not {dataset_impl}")
+    if p.train_impl == "kto" and not getattr(cfg.data, "train_reward_data_paths", None):
+        raise ConfigError(
+            f"{impl} weighs every sample by its reward: set train_reward_data_paths (one reward "
+            "dataset per train_data_paths entry, positive = desirable, negative = undesirable)"
+        )
     micro = cfg.training.train_micro_batch_size_per_gpu
     if p.train_impl == "kto" and (micro or 0) % 2:
         raise ConfigError(

@@ -1,0 +1,46 @@
+"""`train_impl` and the DPO/KTO keys: GPT-NeoX's defaults, and refusals naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron.config import load_config
+from megatron.config.schema import ConfigError
+from tests.unit.config.conftest import MINIMAL
+
+PAIRS = """
+dataset_impl: pairwise
+pack_impl: unpacked
+pos_train_data_paths: [{d}/pos]
+neg_train_data_paths: [{d}/neg]
+"""
+
+
+def _load(write, text):
+    return load_config([write("run.yml", MINIMAL + text)], warn=[], vocab_size=100)
+
+
+def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
+    cfg = _load(write, "train_impl: dpo\n" + PAIRS.format(d=tmp_path))
+    p = cfg.post_training
+    assert (p.dpo_beta, p.dpo_fp32, p.dpo_reference_free) == (0.1, True, False)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("train_impl: dpo\n", r"train_impl: dpo \(in .*run.yml\) needs dataset_impl: pairwise"),
+        ("train_impl: kto\n", r"train_impl: kto .*set train_reward_data_paths"),
+        (
+            "train_impl: kto\ntrain_data_paths: [a]\ntrain_reward_data_paths: [b]\n"
+            "train_micro_batch_size_per_gpu: 3\n",
+            r"train_micro_batch_size_per_gpu must be even",
+        ),
+        ("train_impl: dpo\nz_loss: 0.1\n", r"z_loss \(in .*run.yml\) .*set z_loss: 0"),
+        ("dpo_reference_free: true\n", r"dpo_reference_free .*applies to train_impl: dpo only"),
+        ("train_impl: ppo\n", r"train_impl"),
+    ],
+)
+def test_objectives_without_what_they_need_are_refused(write, text, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(write, text)
