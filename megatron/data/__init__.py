@@ -26,6 +26,7 @@ from megatron.data.gpt_dataset import GPTDataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.indexed_format import IndexedDatasetError, best_fitting_dtype
 from megatron.data.indexed_writer import IndexedDatasetWriter
+from megatron.data.pairwise_dataset import PairwiseDataset
 from megatron.data.samplers import PretrainingSampler
 from megatron.data.tokenizers import Tokenizer, build_tokenizer, make_tokenizer, pad_vocab_size
 
@@ -36,6 +37,7 @@ __all__ = [
     "IndexedDatasetError",
     "IndexedDatasetWriter",
     "MMapIndexedDataset",
+    "PairwiseDataset",
     "PretrainingSampler",
     "Tokenizer",
     "best_fitting_dtype",
