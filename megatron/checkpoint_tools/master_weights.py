@@ -1,4 +1,4 @@
-"""The fp32 master weights of a ZeRO 1/2 checkpoint, by parameter name, full tensors.
+"""The fp32 master weights of a ZeRO 1-3 checkpoint, by parameter name.
 
 With bf16 (or fp16) the module files hold the low-precision weights; the optimizer steps on
 fp32 copies, which DeepSpeed saves in each data-parallel rank's optimizer file as its piece
@@ -8,11 +8,19 @@ ranks, concatenated, are the group's flat vector in the order of the saved `para
 each parameter followed by its alignment padding (`param_alignment_paddings`, none in the
 bf16 optimizer's files): the layout `zero_state.py` reads the moments from, cut the same way.
 
+ZeRO 3 saves each rank's `fp32_flat_groups`: every parameter cut into `ceil(numel / dp)`
+pieces, rank `d` holding piece `d` of each, concatenated over the sub-groups (the layout of
+its moments, and of DeepSpeed's `zero_to_fp32.py`). Its weights exist nowhere else, so
+`read_zero3_shards` is how the reader gets them at tp > 1 (DeepSpeed's `zero_to_fp32.py`
+reads one model-parallel rank only).
+
 A universal checkpoint's `fp32.pt` must be these weights, not the rounded bf16 ones, so that a
 resumed run continues from exactly the state the source run would have stepped from.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -21,6 +29,7 @@ from megatron.checkpoint_tools.zero_state import _cut, _optim_files, _param_shap
 from megatron.training.safe_load import load_file
 
 FP32_GROUPS = "single_partition_of_fp32_groups"
+FP32_FLAT_GROUPS = "fp32_flat_groups"
 
 
 def _rank_weights(saved: list[dict], shapes: list[dict], path) -> dict[str, torch.Tensor]:
@@ -58,3 +67,37 @@ def read_master_weights(reader) -> dict[str, torch.Tensor]:
     if missing:
         raise CheckpointError(f"checkpoint '{folder}': no fp32 master weights of {missing[:3]}")
     return {name: schema.merge(name, shards[name]) for name in schema.params}
+
+
+def _stage3_weights(saved: list[dict], shapes: list[dict], path) -> dict[str, torch.Tensor]:
+    """`{name: tensor}` of one model-parallel rank of a ZeRO-3 save."""
+    if any(FP32_FLAT_GROUPS not in s for s in saved):
+        raise CheckpointError(f"'{path}' holds no fp32 weights ({FP32_FLAT_GROUPS})")
+    dp = len(saved)
+    ranks = [torch.cat([t.detach().float().flatten() for t in s[FP32_FLAT_GROUPS]]) for s in saved]
+    out, offset = {}, 0
+    for name, shape in ((k, v) for group in shapes for k, v in group.items()):
+        numel = math.prod(shape)
+        piece = math.ceil(numel / dp)
+        if offset + piece > ranks[0].numel():
+            raise CheckpointError(f"'{path}': the ZeRO-3 partitions end before '{name}'")
+        full = torch.cat([r.narrow(0, offset, piece) for r in ranks])[:numel]
+        out[name] = full.view(tuple(shape)).clone()
+        offset += piece
+    return out
+
+
+def read_zero3_shards(reader) -> list[dict[str, torch.Tensor]]:
+    """Each tensor-parallel rank's fp32 weights (`{name: shard}`) of a ZeRO-3 checkpoint."""
+    folder, layout = reader.folder, reader.layout
+    files = _optim_files(folder)
+    if sorted(files) != list(range(layout.tp)):
+        raise CheckpointError(
+            f"checkpoint '{folder}' has ZeRO-3 optimizer files for model-parallel ranks "
+            f"{sorted(files)}, expected 0..{layout.tp - 1}"
+        )
+    shards = []
+    for mp in range(layout.tp):
+        saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
+        shards.append(_stage3_weights(saved, _param_shapes(folder, mp, 3), files[mp][0]))
+    return shards

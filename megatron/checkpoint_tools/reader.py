@@ -102,7 +102,11 @@ class CheckpointReader:
 
     def _plain_shards(self) -> list[dict]:
         if self._plain_modules is None:
-            if self.layout.zero3:
+            if self.layout.zero3 and self.layout.tp > 1:  # DeepSpeed's reader: one mp rank
+                from megatron.checkpoint_tools.master_weights import read_zero3_shards
+
+                self._plain_modules = read_zero3_shards(self)
+            elif self.layout.zero3:
                 self._plain_modules = [self._zero3_module()]
             else:
                 modules = [self.mp_rank_state(t).get("module") for t in range(self.layout.tp)]
@@ -114,12 +118,6 @@ class CheckpointReader:
         return self._plain_modules
 
     def _zero3_module(self) -> dict:
-        if self.layout.tp > 1:
-            raise CheckpointError(
-                f"checkpoint '{self.folder}' is ZeRO stage 3 with tensor parallelism "
-                f"({self.layout.tp}); its weights exist only as ZeRO partitions, which this "
-                "tool reads at tp=1 only. Resume it and save with ZeRO stage 0-2 first"
-            )
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         try:

@@ -5,7 +5,9 @@ layout and resumed through DeepSpeed's own `load_universal` path for 4 more step
 - fp32: to (plain engine, dp4) ZeRO-2 and to (tp2, pp1, dp2) ZeRO-1; the losses equal resuming
   the same checkpoint at the source layout within 1e-5 relative;
 - bf16 (DeepSpeed's bf16 optimizer at the source, its ZeRO optimizer at the target): to (plain
-  engine, dp4) ZeRO-2, losses within 1e-3 (bf16 sums in another order).
+  engine, dp4) ZeRO-2, losses within 1e-3 (bf16 sums in another order);
+- fp32 from (tp2, plain engine, dp2) ZeRO-3, whose weights exist only in the partitions of
+  two model-parallel ranks, to (tp1, pp1, dp4) ZeRO-1, losses within 1e-5.
 
 The global batch stays 8 (micro batch 2 x accumulation x dp). Inside each target engine, right
 after `CheckpointIO.load`, every parameter's fp32 master weight and Adam moments, read through
@@ -35,9 +37,19 @@ TP2_PP1_ZERO1 = dict(
     zero_optimization={"stage": 1},
     gradient_accumulation_steps=2,
 )
-# source: (its precision, {target: layout on 4 ranks, global batch kept at 8}, loss tolerance)
+PP1_DP4_ZERO1 = dict(
+    pipe_parallel_size=1, zero_optimization={"stage": 1}, gradient_accumulation_steps=1
+)
+# source: (its changes to SOURCE, {target: layout on 4 ranks, global batch kept at 8},
+# loss tolerance)
 CASES = {
     "fp32": ({}, {"plain_dp4_zero2": PLAIN_DP4_ZERO2, "tp2_pp1_zero1": TP2_PP1_ZERO1}, 1e-5),
+    # ZeRO-3 at tp 2: its weights exist only in the partitions of two model-parallel ranks.
+    "zero3_tp2": (
+        dict(model_parallel_size=2, pipe_parallel_size=0, zero_optimization={"stage": 3}),
+        {"pp1_dp4_zero1": PP1_DP4_ZERO1},
+        1e-5,
+    ),
     # DeepSpeed's bf16 optimizer at the source (pipeline, fp32 accumulation), its ZeRO
     # optimizer at the target; bf16 sums in another order, so the losses agree less closely.
     "bf16": ({"precision": "bfloat16"}, {"plain_dp4_zero2": PLAIN_DP4_ZERO2}, 1e-3),
@@ -79,7 +91,7 @@ def _engine_state(cfg) -> tuple[dict, int, int]:
     # DeepSpeed points each parameter at its piece of the optimizer's flat state only at the
     # first step; its own linking, done now, makes `safe_get_full_optimizer_state` read the
     # state the next step will use.
-    engine.optimizer._lazy_init_hp_params_optimizer_state()
+    getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", lambda: None)()
     held = {}
     for name, param in engine.module.named_parameters():
         held[name] = {"fp32": safe_get_full_fp32_param(param).cpu()}
@@ -90,14 +102,27 @@ def _engine_state(cfg) -> tuple[dict, int, int]:
 
 def _source_truth(cfg) -> dict:
     """Every parameter's full state as DeepSpeed restores the source checkpoint at its own
-    layout (tp 1: each rank's tensors are full), gathered from every pipeline stage."""
+    layout, gathered from every rank (tensor-parallel shards joined along the dim the model's
+    layers split)."""
     import torch.distributed as dist
 
-    held, tp, _ = _engine_state(cfg)
-    assert tp == 1
+    from megatron.checkpoint_tools.schema import ModelSchema
+    from megatron.model import ModelArgs
+
+    held, tp, tp_rank = _engine_state(cfg)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, held)
-    return {name: state for rank_held in gathered for name, state in rank_held.items()}
+    dist.all_gather_object(gathered, (held, tp_rank))
+    shards: dict = {}
+    for rank_held, rank in gathered:
+        for name, state in rank_held.items():
+            shards.setdefault(name, {})[rank] = state
+    schema = ModelSchema(ModelArgs.from_config(cfg))
+    truth = {}
+    for name, by_rank in shards.items():
+        assert sorted(by_rank) == list(range(tp)), (name, sorted(by_rank))
+        parts = [by_rank[r] for r in range(tp)]
+        truth[name] = {k: schema.merge(name, [p[k] for p in parts]) for k in KEYS}
+    return truth
 
 
 def _compare(cfg, held: dict, tp: int, rank: int, truth: dict) -> int:
@@ -126,9 +151,10 @@ def _run(rank, world_size, tmp):
     from megatron.training import pretrain
 
     out = {}
-    for case, (precision, targets, _) in CASES.items():
+    for case, (changes, targets, _) in CASES.items():
         folder = tmp / case
-        source = {**SOURCE, **precision}
+        source = {**SOURCE, **changes}
+        precision = {k: v for k, v in changes.items() if k == "precision"}
         pretrain(resolve(_settings(folder / "source", exit_interval=4, **source), 4))
         ckpt = folder / "source" / "ckpt"
         reference = resolve(_settings(folder / "ref", **source, load=str(ckpt), save=None), 4)
