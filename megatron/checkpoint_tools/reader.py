@@ -7,7 +7,9 @@
 
 Tensor-parallel shards are merged along the dim the model's layers split (`ModelSchema`), so
 the result loads into a model of any layout with `megatron.model.load_full_state_dict`. The
-config is the `config.json` saved beside the weights unless one is given.
+config is the `config.json` saved beside the weights unless one is given. Experts saved with
+`moe_expert_parallel_size > 1` are completed from their `expert_states_pp*_ep*.pt` files
+(`megatron/training/moe_checkpoint.py`), so the full `(E, ...)` tensors come back.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ from megatron.checkpoint_tools.layout import (
 )
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
+from megatron.training.moe_checkpoint import (
+    expert_slices,
+    merge_expert_slices,
+    saved_expert_parallel_size,
+)
 from megatron.training.safe_load import load_file, refusal, weights_only_loading
 
 ZERO3_RANK0_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
@@ -76,6 +83,7 @@ class CheckpointReader:
         self.args = ModelArgs.from_config(self.cfg)
         self.schema = ModelSchema(self.args)
         self._plain_modules: list[dict] | None = None
+        self._experts: list[dict] | None = None
 
     @property
     def folder(self) -> Path:
@@ -142,6 +150,13 @@ class CheckpointReader:
             for module in self._plain_shards()
         ]
 
+    def _expert_slices(self) -> list[dict]:
+        """Experts of expert-parallel ranks > 0, which DeepSpeed's files lack (ep > 1)."""
+        if self._experts is None:
+            ep = saved_expert_parallel_size(self.folder) if self.args.moe_num_experts > 1 else 1
+            self._experts = expert_slices(self.folder, ep)
+        return self._experts
+
     def layer_state(self, layer: int) -> dict[str, torch.Tensor]:
         """`{full name: full tensor}` of one layer of the spec list."""
         shards = self._layer_shards(layer)
@@ -155,6 +170,7 @@ class CheckpointReader:
         for name in shards[0] if shards else ():
             parts = [shard[name] for shard in shards]
             out[name] = self.schema.merge(name, parts)
+        out = merge_expert_slices(out, self._expert_slices())
         for spec in expected:
             if spec.name not in out:
                 raise CheckpointError(

@@ -78,10 +78,10 @@ class MoEConfig:
 
     moe_expert_parallel_size: int = 1
     """Ranks the experts are sharded over: groups of this many data-parallel ranks (it must
-    divide the data-parallel size and the number of experts). Above 1, ZeRO stages 1-3 and
-    checkpoints (`save`/`load`) are refused for now: expert gradients are reduced over the
-    expert-data-parallel group by our own hook without ZeRO, and DeepSpeed saves the model
-    from data-parallel rank 0 only."""
+    divide the data-parallel size and the number of experts). Above 1, each rank holds
+    `moe_num_experts / moe_expert_parallel_size` experts of every MoE layer; it combines with
+    tensor and pipeline parallelism and checkpoints (resumed at the same value); ZeRO stages
+    1-3, bf16 on the pipeline engine and the optimizers Distro and OneBitAdam are refused."""
 
     enable_expert_tensor_parallelism: bool = False
     """Shard each expert over the tensor-parallel ranks. Not built: experts are whole on each
@@ -138,25 +138,36 @@ def validate_moe(cfg) -> None:
         "moe_num_experts > 1 with fp16 is not built (the router losses are not loss-scaled); "
         "use bf16 or fp32",
     )
-    _check(
-        ep == 1,
-        f"moe_expert_parallel_size {ep} is not available yet: its multi-process training path "
-        "(DeepSpeed's gradient reduction of experts held by some ranks only) is not verified; "
-        "use moe_expert_parallel_size: 1 (every data-parallel rank holds every expert)",
-    )
     if ep > 1:
-        given = [k for k in ("save", "load") if getattr(cfg.checkpointing, k)]
-        _check(
-            not given,
-            f"moe_expert_parallel_size {ep} with {' and '.join(given)} is not built: DeepSpeed "
-            "writes the model from data-parallel rank 0 only, which holds 1/ep of the experts; "
-            "checkpoint with moe_expert_parallel_size 1 (every rank holds all experts), or "
-            "unset save/load",
-        )
-        stage = cfg.parallel.zero_stage
-        _check(
-            stage == 0,
-            f"moe_expert_parallel_size {ep} with ZeRO stage {stage} is not built (expert "
-            "gradients are reduced over the expert-data-parallel group only without ZeRO); "
-            "use zero_optimization.stage 0 or moe_expert_parallel_size 1",
-        )
+        _validate_expert_parallel(cfg, ep)
+
+
+# Optimizers that replace the engine's gradient all-reduce with an exchange of their own
+# (over the whole data-parallel group, which would mix different experts).
+_OWN_EXCHANGE = ("Distro", "OneBitAdam")
+
+
+def _validate_expert_parallel(cfg, ep: int) -> None:
+    """Refuse what `moe_expert_parallel_size > 1` does not support (see the field's docstring)."""
+    stage = cfg.parallel.zero_stage
+    _check(
+        stage == 0,
+        f"moe_expert_parallel_size {ep} with zero_optimization.stage {stage} is not built: "
+        "DeepSpeed's ZeRO partitions each parameter group over the whole data-parallel group "
+        "and only treats its own MoE layers' experts apart; use zero_optimization.stage 0 "
+        "or moe_expert_parallel_size 1",
+    )
+    _check(
+        not (cfg.parallel.pipe_parallel_size >= 1 and cfg.precision.dtype == "bf16"),
+        f"moe_expert_parallel_size {ep} with bf16 on the pipeline engine is not built: "
+        "DeepSpeed's pipeline bf16 optimizer partitions the weights over the data-parallel "
+        "group; use fp32, pipe_parallel_size 0 or moe_expert_parallel_size 1",
+    )
+    kind = cfg.optimizer.optimizer_type
+    _check(
+        kind not in _OWN_EXCHANGE,
+        f"moe_expert_parallel_size {ep} with optimizer type {kind} is not built: it replaces "
+        "the data-parallel gradient all-reduce, which must leave the experts to their "
+        f"expert-data-parallel group; use another optimizer (not {', '.join(_OWN_EXCHANGE)}) "
+        "or moe_expert_parallel_size 1",
+    )

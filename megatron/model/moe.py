@@ -6,7 +6,8 @@
 1. the router (`moe_router.py`) picks `k` experts and weights for each of this rank's tokens;
    with `moe_token_dropping`, the assignments beyond an expert's capacity are dropped;
 2. the expert-parallel group's tokens, choices and weights are all-gathered (gloo and NCCL
-   both have it; its backward reduce-scatters the gradients back);
+   both have it; its backward reduce-scatters the gradients back, once per layer on every
+   rank of the group, so the ranks' collectives always pair up);
 3. each rank runs its `E / ep` experts (`experts.w_in` ... stacked `(E/ep, ...)`) on the
    gathered tokens that chose them and adds `weight * expert(x)` into a `(ep*T, h)` buffer;
 4. the buffer is reduce-scattered over the group: each rank gets its tokens' sums.
@@ -115,7 +116,7 @@ class Experts(nn.Module):
             self.b_out = nn.Parameter(torch.zeros(self.local, h))
         for p in self.parameters():
             p.expert_parallel = True
-            if ep_size > 1:  # DeepSpeed: not in the dense data-parallel all-reduce
+            if ep_size > 1:  # DeepSpeed's MoE marks: broadcast over the expert-data group
                 p.allreduce = False
                 p.group_name = expert_group_name(ep_size)
 
@@ -193,12 +194,18 @@ class MoEMLP(nn.Module):
         return out
 
     def _run_experts(self, tokens, indices, weights) -> torch.Tensor:
-        group = self.ep_group
-        tokens = gather_from_sequence_parallel_region(tokens, group)  # (ep*T, h)
-        weights = gather_from_sequence_parallel_region(weights, group)  # (ep*T, k)
+        group, h = self.ep_group, tokens.shape[-1]
+        # Tokens and weights travel as one tensor, so the backward is one reduce-scatter per
+        # layer on every rank of the group, whichever experts its tokens chose (two, left to
+        # the autograd engine's order, could pair up differently on different ranks).
+        packed = torch.cat([tokens, weights], dim=-1)  # (T, h + k)
+        packed = gather_from_sequence_parallel_region(packed, group)  # (ep*T, h + k)
+        tokens, weights = packed[:, :h], packed[:, h:]
         with torch.no_grad():
             indices = gather_from_sequence_parallel_region(indices, group)
-        out = torch.zeros_like(tokens)
+        # `tokens * 0`: the output depends on the gather even on a rank whose experts got no
+        # token, so that rank still joins the reduce-scatter of the backward.
+        out = tokens * 0 if group_size(group) > 1 else torch.zeros_like(tokens)
         experts = self.experts
         for e in range(experts.local):
             rows, slot = torch.nonzero(indices == experts.first + e, as_tuple=True)

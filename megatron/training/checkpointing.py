@@ -8,6 +8,9 @@ Layout of `{save}/global_step{N}/`:
                               every global rank R
     optimizer_rank_state_{R}.pt   an optimizer's per-rank state (Distro's local momenta),
                               which DeepSpeed's rank-0 optimizer file cannot hold
+    expert_states_pp{P}_ep{E}.pt  the experts (and their optimizer state) of expert-parallel
+                              rank E > 0, which DeepSpeed's rank-0 files cannot hold
+                              (`moe_checkpoint.py`)
     config.json               the resolved config of the run
     permanent                 only in a `checkpoint_keep` tier checkpoint: never deleted
     complete                  written last, once every rank's files are on disk
@@ -291,6 +294,8 @@ class CheckpointIO:
     needed_bytes: int | None = None
     """Bytes one checkpoint needs (`checkpoint_size(cfg).total`); None: not checked."""
     free_bytes: Callable[[Path], int] = free_bytes_at
+    experts: Any = None
+    """`moe_checkpoint.ExpertCheckpoint`: the expert slices DeepSpeed's files lack (ep > 1)."""
 
     def _engine_save(self, tag: str) -> None:
         """DeepSpeed's save; with `save_optim` off, its optimizer states are left out (the
@@ -333,6 +338,8 @@ class CheckpointIO:
             (folder / PERMANENT).unlink(missing_ok=True)
         _barrier()
         self._engine_save(tag)
+        if self.experts is not None:
+            self.experts.save(folder, self.save_optim)
         if self.save_rng:
             torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
         if self.save_optim:
@@ -378,12 +385,16 @@ class CheckpointIO:
         if load_optim and not finetune and not state.get("optimizer_saved", True):
             log.warning("%s was saved without optimizer states (no_save_optim)", folder)
             load_optim = False
+        if self.experts is not None:
+            self.experts.check(folder)
         path = self._engine_load(load_dir, tag, load_optim and not finetune, finetune)
         if path is None:
             raise FileNotFoundError(
                 f"DeepSpeed could not load checkpoint '{tag}' from {load_dir}; the folder is "
                 "incomplete or was written by a different parallel layout"
             )
+        if self.experts is not None:
+            self.experts.load(folder, load_optim and not finetune)
         if finetune:
             return None
         if load_optim:

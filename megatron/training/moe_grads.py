@@ -2,14 +2,23 @@
 
 Expert parameters (`megatron/model/moe.py`) differ between the ranks of an expert-parallel
 group, so they must not join the data-parallel gradient average. They carry DeepSpeed's MoE
-marks (`allreduce = False`, `group_name`), which keep them out of its dense all-reduce (and
-make its start-up broadcast use the expert-data-parallel group, which `register_expert_groups`
-hands to DeepSpeed before `deepspeed.initialize`). `install_expert_grad_reduction` then
-averages them after the engine's own reduction: summed over the expert-data-parallel group
-(the ranks holding the same experts) and divided by the data-parallel size, since each
-expert's gradient already sums the contributions of its expert-parallel group's tokens. This
-equals the dense model's data-parallel average (without ZeRO; ZeRO with expert parallelism is
-refused by the config).
+marks (`allreduce = False`, `group_name`), which make its start-up broadcast use the
+expert-data-parallel group (`register_expert_groups` hands our groups to DeepSpeed before
+`deepspeed.initialize`).
+
+Their gradients are reduced here, not by DeepSpeed: DeepSpeed's own MoE reduction runs only
+when its engine found DeepSpeed MoE modules (`has_moe_layers`), and that flag also switches
+its checkpointing to per-expert files of those modules, which would drop our experts; with
+the flag off, its `allreduce_gradients` cannot sort parameters marked `allreduce = False`
+(a KeyError in DeepSpeed 0.19.8). `install_expert_grad_reduction` therefore replaces that
+method: at the accumulation boundary the dense gradients go through DeepSpeed's bucketed
+data-parallel all-reduce (`buffered_allreduce_fallback` with an explicit list), and each
+expert gradient is summed over the expert-data-parallel group (the ranks holding the same
+experts) and divided by the data-parallel size, since it already sums the contributions of
+its expert-parallel group's tokens. This is the dense model's data-parallel average and
+DeepSpeed's `_reduce_expert_gradients` rule. It covers the engines without ZeRO (the config
+refuses ZeRO, the pipeline engine's bf16 optimizer and the optimizers with their own
+exchange at `moe_expert_parallel_size > 1`).
 
 `prepare_moe_step` gives the router losses the engine's gradient-accumulation scale, and
 `moe_loss_record` reads their values for the log (summed over layers and pipeline stages,
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE
 
 from megatron.model.moe import expert_group_name, moe_layers
 
@@ -55,17 +65,33 @@ def reduce_expert_gradients(params, topology) -> None:
         p.grad.data.div_(topology.dp_size)
 
 
-def install_expert_grad_reduction(engine, model, topology) -> None:
-    """Reduce expert gradients right after each engine gradient reduction (a boundary)."""
-    params = expert_parameters(model)
-    if not params or topology.ep_size == 1:  # every rank holds every expert: dense reduction
-        return
-    reduce_dense = engine.allreduce_gradients
+def _dense_gradients(model) -> list[torch.Tensor]:
+    """Gradients of the replicated parameters (zeros where a rank got none, as DeepSpeed
+    does, so every data-parallel rank reduces the same buffers)."""
+    grads = []
+    for p in model.parameters():
+        if not p.requires_grad or p.numel() == 0 or getattr(p, "expert_parallel", False):
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad.data)
+    return grads
 
-    def allreduce_gradients(*args, **kwargs):
-        reduce_dense(*args, **kwargs)
-        if engine.is_gradient_accumulation_boundary():
-            reduce_expert_gradients(params, topology)
+
+def install_expert_grad_reduction(engine, model, topology) -> None:
+    """Replace the engine's gradient reduction by a dense one plus the expert one (module
+    docstring); nothing changes at `ep = 1`, where experts are ordinary replicated params."""
+    params = expert_parameters(model)
+    if not params or topology.ep_size == 1:
+        return
+
+    def allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE):
+        if not engine.is_gradient_accumulation_boundary():
+            return
+        grads = _dense_gradients(model)
+        if grads and topology.dp_size > 1:
+            engine.buffered_allreduce_fallback(grads=grads, elements_per_buffer=bucket_size)
+        reduce_expert_gradients(params, topology)
 
     engine.allreduce_gradients = allreduce_gradients
 

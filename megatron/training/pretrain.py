@@ -38,6 +38,7 @@ from megatron.training.flops import peak_tflops, shape_from_config, training_flo
 from megatron.training.initialize import initialize_distributed, seed_everything
 from megatron.training.loggers import build_loggers
 from megatron.training.loss_scaling import SkippedStepGuard
+from megatron.training.moe_checkpoint import ExpertCheckpoint
 from megatron.training.monitor import TrainMonitor
 from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
 from megatron.training.norms import GradNormRecorder
@@ -229,6 +230,7 @@ def pretrain(cfg) -> TrainResult:
         save_optim=not c.no_save_optim,
         tracker=get_rng_tracker(),
         needed_bytes=checkpoint_size(cfg).total,
+        experts=ExpertCheckpoint(engine.module, engine.optimizer, topology),
     )
     guard = SkippedStepGuard(cfg.precision.max_consecutive_skipped_steps)
     state, loaded = _resume(cfg, io, parts, guard)

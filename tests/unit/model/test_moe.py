@@ -208,7 +208,6 @@ def test_hugging_face_export_of_experts_is_refused():
         ("moe_top_k=9", "moe_top_k 9"),
         ("enable_expert_tensor_parallelism=true", "enable_expert_tensor_parallelism"),
         ("moe_expert_parallel_size=3", "moe_expert_parallel_size 3"),
-        ("moe_expert_parallel_size=2", "moe_expert_parallel_size 2 is not available yet"),
         ("sequence_parallel=true", "sequence_parallel"),
     ],
 )
@@ -218,3 +217,46 @@ def test_unbuilt_moe_values_are_refused_before_launch(override, needle):
 
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(["moe-small"], [override], world_size=2, vocab_size=512)
+
+
+EP2 = "moe_expert_parallel_size=2"
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (['zero_optimization={"stage": 1}'], "moe_expert_parallel_size 2 with zero_optimization"),
+        (['zero_optimization={"stage": 2}', "pipe_parallel_size=0"], "stage 2 is not built"),
+        (['zero_optimization={"stage": 3}', "pipe_parallel_size=0"], "stage 3 is not built"),
+        (["precision=bf16"], "with bf16 on the pipeline engine is not built"),
+        (['optimizer={"type": "OneBitAdam", "params": {"lr": 0.001}}'], "type OneBitAdam"),
+    ],
+)
+def test_expert_parallel_refuses_what_it_does_not_support(overrides, needle):
+    from megatron.config import load_config
+    from megatron.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(["moe-small"], [EP2, *overrides], world_size=2, vocab_size=512)
+
+
+@pytest.mark.parametrize("overrides", [[], ["pipe_parallel_size=0", "precision=bf16"]])
+def test_expert_parallel_is_accepted_without_zero(overrides):
+    from megatron.config import load_config
+
+    cfg = load_config(["moe-small"], [EP2, *overrides], world_size=4, vocab_size=512)
+    assert cfg.moe.moe_expert_parallel_size == 2
+
+
+def test_a_checkpoint_of_another_expert_parallel_size_is_refused_naming_reshard(tmp_path):
+    import json
+
+    from megatron.training.moe_checkpoint import check_expert_layout
+
+    (tmp_path / "config.json").write_text(json.dumps({"moe_expert_parallel_size": 2}))
+    check_expert_layout(tmp_path, 2)
+    with pytest.raises(ValueError, match=r"tools/reshard.py.*moe_expert_parallel_size: 2"):
+        check_expert_layout(tmp_path, 1)
+    (tmp_path / "config.json").write_text(json.dumps({"moe_num_experts": 4}))
+    with pytest.raises(ValueError, match="saved with moe_expert_parallel_size 1"):
+        check_expert_layout(tmp_path, 4)

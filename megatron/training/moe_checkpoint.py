@@ -1,0 +1,154 @@
+"""Checkpoint files of the experts that DeepSpeed's own files do not hold (expert parallelism).
+
+Without ZeRO, DeepSpeed writes the module and optimizer states of each tensor-parallel rank
+(and pipeline stage) from data-parallel rank 0 only, and every rank loads that file back.
+With `moe_expert_parallel_size` ep > 1, data-parallel rank 0 holds the experts of
+expert-parallel rank 0 only (`first = 0 .. E/ep - 1` of each MoE layer). The other slices are
+written here, once each: the rank with tensor-parallel rank 0 and data-parallel rank `r`
+(`0 < r < ep`, i.e. expert-parallel rank r of the first expert-data-parallel replica) of each
+pipeline stage writes `expert_states_pp{P}_ep{r}.pt` beside DeepSpeed's files:
+
+    {"ep_size": ep, "params": {name: tensor}, "optimizer": {name: {state key: tensor}}}
+
+keyed by the engine module's parameter names (experts are whole on each tensor-parallel
+rank, so one file serves them all). Every rank of expert-parallel rank r > 0 restores its
+slice from that file after DeepSpeed's load (which gave it rank 0's experts), so each expert
+is saved once and a resume at the same layout is exact.
+
+A checkpoint is resumed at the expert-parallel size it was saved with: another size is
+refused before anything is loaded (`check_expert_layout`), since the expert tensors would
+not match and `tools/reshard.py` does not convert between expert-parallel sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from megatron.training.safe_load import load_file
+
+EP_KEY = "moe_expert_parallel_size"
+
+
+def expert_file(folder: Path, pp_rank: int, ep_rank: int) -> Path:
+    return Path(folder) / f"expert_states_pp{pp_rank}_ep{ep_rank}.pt"
+
+
+def saved_expert_parallel_size(folder: Path) -> int:
+    """The expert-parallel size a checkpoint folder was saved with (its `config.json`; 1 when
+    it has none or no MoE)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return 1
+    return int(json.loads(path.read_text()).get(EP_KEY, 1) or 1)
+
+
+def check_expert_layout(folder: Path, ep_size: int) -> None:
+    """Refuse to resume a checkpoint saved at another expert-parallel size."""
+    saved = saved_expert_parallel_size(folder)
+    if saved != ep_size:
+        raise ValueError(
+            f"{folder} was saved with {EP_KEY} {saved}, this run has {ep_size}: the expert "
+            f"tensors of each rank would not match, and tools/reshard.py does not convert "
+            f"between expert-parallel sizes; resume with {EP_KEY}: {saved}"
+        )
+
+
+class ExpertCheckpoint:
+    """Saves and restores this rank's expert slice (module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer, topology):
+        self.optimizer, self.topology = optimizer, topology
+        self.params = {
+            name: p for name, p in module.named_parameters() if getattr(p, "expert_parallel", False)
+        }
+
+    def check(self, folder: Path) -> None:
+        """Before any load: refuse a checkpoint of another expert-parallel size."""
+        if self.params:
+            check_expert_layout(folder, self.topology.ep_size)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.params) and self.topology.ep_size > 1
+
+    def _file(self, folder: Path) -> Path:
+        return expert_file(folder, self.topology.pp_rank, self.topology.ep_rank)
+
+    def save(self, folder: Path, with_optimizer: bool) -> None:
+        topo = self.topology
+        if not self.active or topo.tp_rank != 0 or not 0 < topo.dp_rank < topo.ep_size:
+            return
+        state = getattr(self.optimizer, "state", {})
+        optim = {
+            name: {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in state[p].items()}
+            for name, p in self.params.items()
+            if with_optimizer and p in state
+        }
+        params = {name: p.detach().clone() for name, p in self.params.items()}
+        torch.save(
+            {"ep_size": topo.ep_size, "params": params, "optimizer": optim}, self._file(folder)
+        )
+
+    def load(self, folder: Path, with_optimizer: bool) -> None:
+        """After DeepSpeed's load: this rank's experts (and their optimizer state)."""
+        if not self.active or self.topology.ep_rank == 0:
+            return
+        path = self._file(folder)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: {folder} holds no experts of expert-parallel rank "
+                f"{self.topology.ep_rank} (an incomplete checkpoint, or another layout)"
+            )
+        saved = load_file(path)
+        missing = set(self.params) - set(saved["params"])
+        if missing:
+            raise ValueError(f"{path} has no tensors for {sorted(missing)}: another model")
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(saved["params"][name])
+        if with_optimizer:
+            for name, values in saved["optimizer"].items():
+                self.optimizer.state[self.params[name]] = dict(values)
+
+
+def is_expert_name(name: str) -> bool:
+    """Whether a parameter name is an expert tensor (stacked `(E/ep, ...)`, `moe.py`)."""
+    return ".mlp.experts." in name
+
+
+def expert_slices(folder: Path, ep_size: int) -> list[dict[str, torch.Tensor]]:
+    """`{name: tensor}` of expert-parallel ranks 1 .. ep-1 (all pipeline stages' files)."""
+    slices = []
+    for ep_rank in range(1, ep_size):
+        files = sorted(Path(folder).glob(f"expert_states_pp*_ep{ep_rank}.pt"))
+        if not files:
+            raise FileNotFoundError(
+                f"{folder} was saved with {EP_KEY} {ep_size} but holds no "
+                f"expert_states_pp*_ep{ep_rank}.pt: the experts of expert-parallel rank "
+                f"{ep_rank} are missing (an incomplete checkpoint)"
+            )
+        merged: dict[str, torch.Tensor] = {}
+        for path in files:
+            merged.update(load_file(path)["params"])
+        slices.append(merged)
+    return slices
+
+
+def merge_expert_slices(state: dict, slices: list[dict]) -> dict:
+    """`state` read from DeepSpeed's files (expert-parallel rank 0's experts) with every expert
+    tensor completed by the other ranks' slices, in expert order: the full `(E, ...)`."""
+    out = dict(state)
+    for name, first in state.items():
+        if not is_expert_name(name) or not slices:
+            continue
+        missing = [r + 1 for r, s in enumerate(slices) if name not in s]
+        if missing:
+            raise ValueError(
+                f"expert tensor '{name}' is missing from the expert files of expert-parallel "
+                f"ranks {missing}: the checkpoint is incomplete or of another model"
+            )
+        out[name] = torch.cat([first, *(s[name] for s in slices)], dim=0)
+    return out
