@@ -13,6 +13,7 @@ checked in tests/unit/tools/test_hf_families.py and test_hf_mixtral.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,10 +85,11 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(family, tmp_pat
     assert convert_from_hf.main(argv) == 0
     prompts, samples = tmp_path / "prompts.txt", tmp_path / "samples.jsonl"
     prompts.write_text("\n".join(PROMPTS) + "\n")
+    port = free_port()
     config = dict(
         json.loads((ours / "hf_import.yml").read_text()),  # JSON is YAML
         num_gpus=4,
-        master_port=free_port(),
+        master_port=port,
         train_micro_batch_size_per_gpu=1,
         text_gen_type="input-file",
         sample_input_file=str(prompts),
@@ -96,7 +98,11 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(family, tmp_pat
         temperature=0.0,
     )
     assert (config["model_parallel_size"], config["pipe_parallel_size"]) == (2, 2)
-    deepy("generate.py", config, tmp_path)
+    try:
+        deepy("generate.py", config, tmp_path)
+    finally:  # DeepSpeed's CPU all-reduce leaves its shared-memory buffers behind on exit
+        for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+            leftover.unlink(missing_ok=True)
     records = [json.loads(line) for line in samples.read_text().splitlines()]
     assert [r["context"] for r in records] == PROMPTS
 
