@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import REPO, cpu_name, fixed_batches, resolve  # noqa: E402  (repo on sys.path)
 
+from megatron.model.args import ModelArgs  # noqa: E402
 from megatron.model.counting import active_parameters, count_parameters  # noqa: E402
 from megatron.model.mlp import mlp_inner_size  # noqa: E402
 from megatron.model.moe import is_moe_layer, moe_layers  # noqa: E402
@@ -50,7 +51,6 @@ TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
 def dense_width(cfg) -> int:
     """`intermediate_size` of the dense twin: the MoE model's active MLP width per layer."""
     from megatron.model.activations import build_activation
-    from megatron.model.args import ModelArgs
 
     args = ModelArgs.from_config(cfg)
     if build_activation(args.activation).gated or args.moe_glu:
@@ -104,6 +104,7 @@ def row(name: str, c: Contender, tokens: int) -> dict:
         "moe_num_experts": cfg.moe.moe_num_experts,
         "moe_top_k": cfg.moe.moe_top_k if cfg.moe.moe_num_experts > 1 else None,
         "intermediate_size": cfg.model.intermediate_size,
+        "mlp_width": mlp_inner_size(ModelArgs.from_config(cfg)),  # per expert in MoE layers
         "total_parameters": count_parameters(cfg),
         "active_parameters": active_parameters(cfg),
         "built_parameters": sum(p.numel() for p in c.engine.module.parameters()),
@@ -155,6 +156,7 @@ def main(argv=None) -> int:
     dense_changes = dict(changes, moe_num_experts=1, intermediate_size=width)
     dense_cfg = resolve(args.configs, args.overrides, **dense_changes)
     batches = fixed_batches(moe_cfg, total)
+    load_before = os.getloadavg()
     dense = Contender(dense_cfg, total)
     models = {"MoE": Contender(moe_cfg, total), f"dense (ffn {width})": dense}
     for i, batch in enumerate(batches):
@@ -176,7 +178,9 @@ def main(argv=None) -> int:
         "counts_before_dropping": moe_cfg.moe.moe_token_dropping,
         "dense_match": "moe_num_experts 1, intermediate_size = (dense_layers * ffn + "
         f"moe_layers * top_k * ffn) / num_layers = {width}",
-        "note": "shared machine (other jobs running): the two models take turns batch by "
+        "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+        "note": "shared machine (other engineers' jobs running, see the load averages): the "
+        "figures are side-by-side ratios within one run; the two models take turns batch by "
         "batch, so the ratio is fair while absolute tokens/s vary with the load",
         "rows": rows,
         "moe_over_dense_tokens_per_sec": ratio,

@@ -42,6 +42,8 @@ def test_tiny_run_reports_both_models(tmp_path):
     # Tiny: h 64, 2 layers, layer 0 with 4 experts top-2 of ffn 256, layer 1 dense.
     h, ffn, k, experts = 64, 256, 2, 4
     assert dense["moe_num_experts"] == 1 and dense["intermediate_size"] == (ffn + k * ffn) // 2
+    assert (moe["mlp_width"], dense["mlp_width"]) == (ffn, dense["intermediate_size"])
+    assert len(result["load_average_1_5_15_min"]["after"]) == 3  # the machine is shared
     router, extra_out_bias = experts * h, (k - 1) * h
     assert moe["active_parameters"] - dense["active_parameters"] == router + extra_out_bias
     assert dense["active_parameters"] == dense["total_parameters"] == dense["built_parameters"]
