@@ -18,11 +18,7 @@ from megatron.config.optimizer import (
     OPTIMIZER_TYPES,
 )
 from megatron.config.schema import ConfigError
-
-
-def _src(sources: dict[str, str], *keys: str) -> str:
-    found = [f"{k} in {sources[k]}" for k in keys if k in sources]
-    return f" ({'; '.join(found)})" if found else ""
+from megatron.config.schema import set_in as _src
 
 
 def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp_size: int = 1) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron.config.schema import ConfigError
+from megatron.config.schema import set_in as _src
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,3 @@ def validate_profiling(cfg, sources: dict[str, str]) -> None:
             f"memory_profiling: true{_src(sources, 'memory_profiling')} needs "
             "memory_profiling_path (the folder for the memory snapshots); set it"
         )
-
-
-def _src(sources: dict[str, str], key: str) -> str:
-    return f" ({key} in {sources[key]})" if key in sources else ""

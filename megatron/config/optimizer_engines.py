@@ -26,8 +26,8 @@ Element-wise optimizers (Adam, AdamW, Lion, SGD, MADGRAD) are the same either wa
 from __future__ import annotations
 
 from megatron.config.config import Config
-from megatron.config.derive import _src
 from megatron.config.schema import ConfigError
+from megatron.config.schema import set_in as _src
 
 PER_PARAMETER_OPTIMIZERS = {
     "SM3": "keeps one accumulator per dimension of each parameter (a row and a column vector "

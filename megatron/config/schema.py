@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A config file, key or value is wrong; the message says where and what would be valid."""
 
 
+def set_in(sources: dict[str, str], *keys: str) -> str:
+    """` (key in file; ...)` for those of `keys` a config file set, for error messages."""
+    found = [f"{k} in {sources[k]}" for k in keys if k in sources]
+    return f" ({'; '.join(found)})" if found else ""
+
+
 def _where(source: str | None) -> str:
     return f" (in {source})" if source else ""
 

@@ -25,8 +25,8 @@ outputs declares its variable twice: "conflicting declaration 'auto at_BFloat16_
 from __future__ import annotations
 
 from megatron.config.config import Config
-from megatron.config.derive import _src
 from megatron.config.schema import ConfigError
+from megatron.config.schema import set_in as _src
 
 HOW = "set torch_compile: false, or"
 
