@@ -18,7 +18,13 @@ torch optimizer state or our ZeRO-3 saves), and it writes only Adam's states (`f
 any ZeRO stage, `optimizer_state.py`/`zero_state.py`), so this module writes the same files
 from it, and the run loads them with DeepSpeed's own loader: `CheckpointIO.load` switches
 `load_universal` on for a folder that has `zero/optimizer_state.pt`
-(`megatron/training/checkpointing.py::UNIVERSAL_STATE`).
+(`megatron/training/checkpointing.py::UNIVERSAL_STATE`), for that load only: the checkpoints
+the run saves afterwards are ordinary ZeRO ones, which that loader could not read. It does so
+only when the optimizer state is wanted, because DeepSpeed's ZeRO 1/2 universal loader ignores
+`load_optimizer_states` (it would restore the moments under `no_load_optim` or `finetune`);
+the weights alone come from the ordinary model files beside `zero/`, which this tool writes
+too. Setting DeepSpeed's `checkpoint.load_universal` by hand is never needed, and the
+pre-flight refuses it on a folder without `zero/` (DeepSpeed would restore no weights).
 
 Limits (DeepSpeed 0.19.8): only ZeRO stage 1 and 2 engines restore it with our models
 (`universal_target_problem`). Its ZeRO-3 loader keeps the full tensor (no tensor-parallel

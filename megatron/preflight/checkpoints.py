@@ -161,6 +161,22 @@ def _layout_finding(layout, cfg: Config) -> Finding | None:
     )
 
 
+def _universal_key_finding(folder: Path, cfg: Config) -> Finding | None:
+    """DeepSpeed's `checkpoint.load_universal`, set by hand, on a folder not in its universal
+    layout: it would read the weights from nowhere (`CheckpointIO.load` switches it on by
+    itself for a universal folder, so the key is never needed)."""
+    if not (cfg.deepspeed.checkpoint or {}).get("load_universal") or is_universal(folder):
+        return None
+    return Finding(
+        NAME,
+        ERROR,
+        f"checkpoint.load_universal is true, but {folder} is not in DeepSpeed's universal "
+        "layout (no zero/optimizer_state.pt), which DeepSpeed would then fail to load; remove "
+        "the key: train.py switches load_universal on by itself for a folder converted with "
+        "tools/reshard.py --zero-stage 1 or 2",
+    )
+
+
 def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
     if not layout.config_file.is_file():
         note = f"{layout.folder} has no config.json: its model shape is not checked"
@@ -230,4 +246,6 @@ def check_load(cfg: Config, script: str) -> list[Finding]:
     except CheckpointError as err:
         return findings + [Finding(NAME, ERROR, str(err))]
     bad_layout = _layout_finding(layout, cfg) if training else None
-    return findings + ([bad_layout] if bad_layout else []) + _model_findings(layout, cfg, training)
+    bad_key = _universal_key_finding(folder, cfg) if training else None
+    bad = [f for f in (bad_layout, bad_key) if f]
+    return findings + bad + _model_findings(layout, cfg, training)

@@ -214,3 +214,15 @@ def test_bf16_zero_state_moves_only_to_zero_1_and_2():
     assert "only to a ZeRO 1/2 run" in unmovable_reason(cfg("bf16", 1), 0)
     assert "fp16 would lose its loss scale" in unmovable_reason(cfg("fp16", 1), 1)
     assert "ZeRO-3 bf16 is not verified" in unmovable_reason(cfg("bf16", 3), 1)
+
+
+def test_load_universal_set_by_hand_on_an_ordinary_checkpoint_is_refused(converted):
+    from megatron.preflight import ERROR
+
+    source, out = converted["folder"] / "ckpt", converted["result"].folder.parent
+    by_hand = dict(checkpoint={"load_universal": True})
+    found = _load_findings(source, 1, **by_hand)
+    assert [f.level for f in found].count(ERROR) == 1
+    assert "checkpoint.load_universal is true" in next(f for f in found if f.level == ERROR).message
+    tp2 = dict(model_parallel_size=2, pipe_parallel_size=1, zero_optimization={"stage": 1})
+    assert ERROR not in [f.level for f in _load_findings(out, 2, **tp2, **by_hand)]
