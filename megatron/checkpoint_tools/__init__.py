@@ -12,12 +12,14 @@
 | `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=, zero_stage=)`: any layout/ZeRO |
 | `universal`       | DeepSpeed's universal layout (`zero/`), for ZeRO 1/2 targets at any dp |
 | `hf_export`       | `export_hf`: GPTNeoXForCausalLM / LlamaForCausalLM directory           |
+| `hf_reward`       | a reward model as `...ForSequenceClassification` (used by `hf_export`) |
 | `hf_import`       | `import_hf`: a Hugging Face directory -> our checkpoint                |
+| `reward_init`     | a reward model's starting checkpoint from a language model's           |
 | `tokenizer_files` | tokenizer files to and from a Hugging Face directory                   |
 | `summary`         | iteration, layout, config, shapes and norms (`inspect_checkpoint.py`)  |
 
 The CLIs in `tools/` (`convert_to_hf.py`, `convert_from_hf.py`, `reshard.py`,
-`inspect_checkpoint.py`) are thin wrappers over these functions.
+`inspect_checkpoint.py`, `init_reward_model.py`) are thin wrappers over these functions.
 """
 
 from megatron.checkpoint_tools.hf_export import ExportResult, export_hf, verify_export
