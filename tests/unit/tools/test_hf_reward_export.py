@@ -59,8 +59,8 @@ def reward_config(family_keys):
         tokenizer_type="HFTokenizer",
         vocab_file=str(TOKENIZER),
         **RECORD_DEFAULTS,
-        **family_keys,
     )
+    keys.update(family_keys)  # the family's keys (or a test's changes) win
     return config_from_dict(keys, vocab_size=VOCAB)
 
 

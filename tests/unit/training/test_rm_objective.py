@@ -148,3 +148,24 @@ def test_value_head_model_inputs_put_chosen_rows_first():
     assert torch.equal(tokens[2:], sample["neg"][:, :-1])
     assert mask.sum(dim=1).tolist() == [1.0] * 4
     assert mask.argmax(dim=1).tolist() == [1, 3, 2, 4]  # the token before end-of-text
+
+
+def test_config_rm_reads_pairs_and_keeps_z_loss_as_the_reward_penalty():
+    from megatron.config.schema import ConfigError
+    from tests.unit.tools.test_hf_reward_export import FAMILIES, reward_config
+
+    llama = FAMILIES["LlamaForSequenceClassification"]
+    cfg = reward_config({**llama, "z_loss": 0.01})
+    assert cfg.post_training.train_impl == "rm" and RewardModel(cfg).z_loss == 0.01
+    assert isinstance(build_objective(cfg), RewardModel)
+    assert ModelArgs.from_config(cfg).value_head
+    with pytest.raises(ConfigError, match="train_impl: rm.*needs dataset_impl: pairwise"):
+        reward_config(
+            {
+                **llama,
+                "dataset_impl": "gpt2",
+                "pos_train_data_paths": None,
+                "neg_train_data_paths": None,
+                "data_path": "x_text_document",
+            }
+        )
