@@ -3,8 +3,8 @@
 A tiny random `MixtralForCausalLM` (2 layers, 4 experts, top-2, hidden 64, a window shorter
 than the sequence; norm weights randomised too):
 
-- imported with `import_hf` at (tp=2, pp=2) (expert-parallel size 1: checkpoints with
-  `moe_expert_parallel_size > 1` are refused, see `megatron/config/moe.py`) and read back:
+- imported with `import_hf` at (tp=2, pp=2) (expert-parallel size 1: import resolves one
+  data-parallel rank, which ep must divide) and read back:
   logits equal transformers' within 1e-5, and cached greedy decoding gives the tokens of
   transformers' greedy `generate`;
 - exported back with `export_hf`: every tensor of the files and the config keys equal;
