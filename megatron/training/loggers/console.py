@@ -75,9 +75,11 @@ class ConsoleLogger(MetricsLogger):
         self._write(line)
 
     def log_eval(self, record):
+        known = ("iteration", "split", "loss", "perplexity")
+        extras = "".join(f" | {k} {v:.4f}" for k, v in record.items() if k not in known)
         self._write(
             f"{record['split']} at iteration {record['iteration']} | loss "
-            f"{record['loss']:.4f} | perplexity {record['perplexity']:.3f}"
+            f"{record['loss']:.4f} | perplexity {record['perplexity']:.3f}{extras}"
         )
 
     def log_text(self, text):

@@ -148,3 +148,13 @@ def test_wandb_offline(make_config, tmp_path, monkeypatch):
         time.sleep(0.2)
     for name in names:
         assert name in data
+
+
+def test_console_eval_line_shows_the_objectives_metrics():
+    out = io.StringIO()
+    record = {"iteration": 25, "split": "valid", "loss": 0.61, "perplexity": 1.84}
+    ConsoleLogger(100, out).log_eval({**record, "reward_acc": 0.75, "margins": 0.125})
+    assert out.getvalue().strip() == (
+        "valid at iteration 25 | loss 0.6100 | perplexity 1.840 | reward_acc 0.7500 | "
+        "margins 0.1250"
+    )
