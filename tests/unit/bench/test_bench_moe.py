@@ -60,3 +60,6 @@ def test_tiny_run_reports_both_models(tmp_path):
         assert math.isfinite(r["first_loss"]) and math.isfinite(r["last_loss"])
     ratio = moe["tokens_per_sec"] / dense["tokens_per_sec"]
     assert abs(result["moe_over_dense_tokens_per_sec"] - ratio) <= 1e-12
+    assert len(moe["step_seconds"]) == len(dense["step_seconds"]) == result["steps"] == 2
+    pairs = sorted(d / m for m, d in zip(moe["step_seconds"], dense["step_seconds"]))
+    assert abs(result["moe_over_dense_median_of_step_pairs"] - sum(pairs) / 2) <= 1e-12
