@@ -202,3 +202,30 @@ def test_gradients_of_a_real_tiny_model_match_the_formula(name):
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-7)
     assert math.isfinite(float(ours[0].sum()))
+
+
+def test_stored_reference_equals_the_reference_models_own():
+    """Per-token values as `generate.py`'s precompute writes them (value k: log-prob of token
+    k + 1, one per token) give the same sequence log-probs as running the model."""
+    model, cfg = _tiny_model_logits(1)
+    model.eval()
+    objective = build_objective(cfg.replace(train_impl="dpo"))
+    g = torch.Generator().manual_seed(4)
+    pos, neg = (torch.randint(0, 100, (2, 9), generator=g) for _ in range(2))
+    pos_label = pos.clone()
+    pos_label[:, :3] = -100
+
+    def per_token(tokens):
+        with torch.no_grad():
+            logits = model(tokens[:, :-1], torch.arange(8).expand(2, 8))
+        logp = torch.log_softmax(logits.double(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
+        return torch.cat([logp, torch.zeros(2, 1, dtype=logp.dtype)], dim=1)  # (2, 9)
+
+    sample = dict(pos=pos, neg=neg, pos_label=pos_label)
+    (tokens, positions), loss_inputs = objective.model_inputs(sample, BatchSettings())
+    with torch.no_grad():
+        running = objective.reference_logps(model(tokens, positions), loss_inputs)
+    objective.stored_ref = True
+    stored = dict(sample, pos_ref=per_token(pos), neg_ref=per_token(neg))
+    _, (_, _, ref) = objective.model_inputs(stored, BatchSettings())
+    torch.testing.assert_close(ref.double(), running.double(), rtol=1e-5, atol=1e-5)
