@@ -81,6 +81,8 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
             f"{impl} weighs every sample by its reward: set train_reward_data_paths (one reward "
             "dataset per train_data_paths entry, positive = desirable, negative = undesirable)"
         )
+    if p.train_impl == "rm":
+        _require_reward_labels(cfg.data, impl)
     micro = cfg.training.train_micro_batch_size_per_gpu
     if p.train_impl == "kto" and (micro or 0) % 2:
         raise ConfigError(
@@ -93,3 +95,23 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
     for key in ("kto_desirable_weight", "kto_undesirable_weight"):
         if getattr(p, key) < 0:
             raise ConfigError(f"{key}{_src(sources, key)} must be >= 0, got {getattr(p, key)}")
+
+
+def _require_reward_labels(data, impl: str) -> None:
+    """A reward model reads each sequence's reward at its last labelled token (rm.py): every
+    split it reads needs label datasets, or the reward would land on padding."""
+    for split in ("train", "valid", "test"):
+        if not getattr(data, f"pos_{split}_data_paths", None):
+            continue
+        missing = [
+            f"{side}_{split}_label_data_paths"
+            for side in ("pos", "neg")
+            if not getattr(data, f"{side}_{split}_label_data_paths", None)
+        ]
+        if missing:
+            raise ConfigError(
+                f"{impl} reads each sequence's reward at its last labelled token, so "
+                f"{', '.join(missing)} must be set (tools/preprocess_post_training.py --format "
+                "pairs writes them; --label-scope eod labels only the final end-of-text token, "
+                "GPT-NeoX's --for-rm)"
+            )

@@ -56,6 +56,8 @@ def reward_config(family_keys):
         pack_impl="unpacked",
         pos_train_data_paths=["prefs_text_pos_document"],
         neg_train_data_paths=["prefs_text_neg_document"],
+        pos_train_label_data_paths=["prefs_text_pos_label_document"],
+        neg_train_label_data_paths=["prefs_text_neg_label_document"],
         tokenizer_type="HFTokenizer",
         vocab_file=str(TOKENIZER),
         **RECORD_DEFAULTS,

@@ -39,6 +39,8 @@ RM_KEYS = dict(
     pack_impl="unpacked",
     pos_train_data_paths=["prefs_text_pos_document"],
     neg_train_data_paths=["prefs_text_neg_document"],
+    pos_train_label_data_paths=["prefs_text_pos_label_document"],
+    neg_train_label_data_paths=["prefs_text_neg_label_document"],
     model_parallel_size=2,
     pipe_parallel_size=2,
 )

@@ -166,6 +166,11 @@ def test_config_rm_reads_pairs_and_keeps_z_loss_as_the_reward_penalty():
                 "dataset_impl": "gpt2",
                 "pos_train_data_paths": None,
                 "neg_train_data_paths": None,
+                "pos_train_label_data_paths": None,
+                "neg_train_label_data_paths": None,
                 "data_path": "x_text_document",
             }
         )
+    unlabelled = {"pos_train_label_data_paths": None, "neg_train_label_data_paths": None}
+    with pytest.raises(ConfigError, match="reward at its last labelled token"):
+        reward_config({**llama, **unlabelled})
