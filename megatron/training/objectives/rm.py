@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from megatron.training.batches import to_model_inputs
 from megatron.training.objectives.base import Objective
+from megatron.training.objectives.logprobs import require_keys
 
 
 class RewardDataError(ValueError):
@@ -79,6 +80,7 @@ class RewardModel(Objective):
 
     def model_inputs(self, sample: dict, settings):
         """Chosen then rejected rows, `(2b, s)` each: `((tokens, positions), (labels, mask))`."""
+        require_keys(sample, ("pos", "neg"), "train_impl: rm needs pairwise data")
         halves = []
         for key in ("pos", "neg"):
             half = {"text": sample[key]}
