@@ -7,8 +7,9 @@ Model weights always move, and the optimizer state (Adam moments, step counts, .
 ZeRO stage 0-3 for the elementwise optimizers; for others the report names the optimizer and
 says it was dropped (resume with `no_load_optim: true`). The output resumes at any
 data-parallel size with the ZeRO stage given by `--zero-stage`: 0 (default; module and
-optimizer in the mp_rank files), or 1/2 (DeepSpeed's universal layout, its `load_universal`
-path, `megatron/checkpoint_tools/universal.py`; ZeRO 2 on the plain engine only).
+optimizer in the mp_rank files), or 1-3 (DeepSpeed's universal layout, its `load_universal`
+path, `megatron/checkpoint_tools/universal.py`; ZeRO 2 and 3 on the plain engine only, ZeRO 3
+at tensor-parallel size 1 and with Adam only).
 Iteration, consumed samples, skipped-step counters and the LR schedule carry over: resume with
 `load: {output}`, the new model_parallel_size / pipe_parallel_size / number of ranks, and
 that zero_optimization stage.
@@ -42,8 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--zero-stage",
         type=int,
         default=0,
-        choices=(0, 1, 2),
-        help="ZeRO stage of the run that resumes it (1/2: DeepSpeed's universal layout)",
+        choices=(0, 1, 2, 3),
+        help="ZeRO stage of the run that resumes it (1-3: DeepSpeed's universal layout)",
     )
     p.add_argument("--no-optimizer", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_stepN")

@@ -17,13 +17,12 @@ resume differ from an unbroken run's).
 The output is written for the ZeRO stage of the run that resumes it (`zero_stage`), and
 DeepSpeed loads it at any data-parallel size: that is how a run changes its number of ranks
 (dp), its tp/pp layout or its ZeRO stage. Stage 0: module and torch optimizer state in the
-`mp_rank` files. Stages 1/2: the weights in the ordinary model files and, beside them,
-DeepSpeed's universal layout (`zero/`, `universal.py`), which its ZeRO 1/2 optimizers restore
-through `load_universal` (switched on by `CheckpointIO.load` for such a folder). A ZeRO-3
-target is refused (DeepSpeed's ZeRO-3 universal loader does not fit our models; see
-`universal.py`), and a run at a stage the files were not written for is refused by the
-pre-flight (`megatron/preflight/checkpoints.py`), since DeepSpeed would silently start its
-optimizer afresh.
+`mp_rank` files. Stages 1-3: the weights in the ordinary model files and, beside them,
+DeepSpeed's universal layout (`zero/`, `universal.py`), which its ZeRO optimizers restore
+through `load_universal` (switched on by `CheckpointIO.load` for such a folder; ZeRO 3 at
+tensor-parallel size 1 and with Adam only, see `universal.py`). A run at a stage the files
+were not written for is refused by the pre-flight (`megatron/preflight/checkpoints.py`),
+since DeepSpeed would silently start its optimizer afresh.
 
 Why an offline tool and not a conversion inside `load`: it is written once and can be
 inspected, the pre-flight can name the exact command, and the conversion needs no process
@@ -137,7 +136,7 @@ def reshard_checkpoint(
     zero_stage: int = 0,
 ) -> ReshardResult:
     """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp),
-    for a run with ZeRO `zero_stage` (0, or 1/2 through DeepSpeed's universal layout)."""
+    for a run with ZeRO `zero_stage` (0, or 1-3 through DeepSpeed's universal layout)."""
     reader = CheckpointReader(source)
     cfg = target_config(reader.cfg, tp, pp, zero_stage)
     schema = ModelSchema(ModelArgs.from_config(cfg))
@@ -170,7 +169,7 @@ def reshard_checkpoint(
         engine_state=engine,
         trainer_state=trainer,
         overwrite=overwrite,
-        more_files=universal_files(reader, schema, state, moved, tp, pp) if zero_stage else None,
+        more_files=universal_files(reader, schema, state, moved, tp, pp, zero_stage),
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
     source_zero = int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)

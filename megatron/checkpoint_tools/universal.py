@@ -26,29 +26,37 @@ the weights alone come from the ordinary model files beside `zero/`, which this 
 too. Setting DeepSpeed's `checkpoint.load_universal` by hand is never needed, and the
 pre-flight refuses it on a folder without `zero/` (DeepSpeed would restore no weights).
 
-Limits (DeepSpeed 0.19.8): only ZeRO stage 1 and 2 engines restore it with our models
-(`universal_target_problem`). Its ZeRO-3 loader keeps the full tensor (no tensor-parallel
-chunk without DeepSpeed's AutoTP marks), reads only Adam's three states, and gives every
-parameter group the hyperparameters of the first (our no-decay group would be decayed); a
-ZeRO-0 engine restores nothing from it. One `optimizer_state.pt` serves every pipeline
-stage, so every stage must have the same parameter groups (checked).
+Limits (DeepSpeed 0.19.8; `universal_target_problem`): ZeRO 1 and 2 engines restore it at
+any layout. The ZeRO-3 loader keeps the full tensor (no tensor-parallel chunk without
+DeepSpeed's AutoTP marks), so ZeRO 3 only at tp 1; it reads only Adam's `fp32`, `exp_avg`,
+`exp_avg_sq` (other optimizers refused), the step from `optimizer_state_dict` and the engine
+state from `zero_pp_rank_0_mp_rank_00_model_states.pt` (both written here for it); it gives
+every parameter group the first group's hyperparameters and every sub-group one shared step
+tensor, which `CheckpointIO.load` undoes right after. A ZeRO-0 engine restores nothing from
+it. One `optimizer_state.pt` serves every pipeline stage, so every stage must have the same
+parameter groups (checked).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import deepspeed
 import torch
 
-from megatron.checkpoint_tools.layout import CheckpointError
+from megatron.checkpoint_tools.layout import CheckpointError, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import StageModule, stage_bounds
 from megatron.training.checkpointing import UNIVERSAL_STATE
 
 UNIVERSAL_STAGES = (1, 2)
-"""ZeRO stages whose DeepSpeed optimizer restores a universal checkpoint of our models."""
+"""ZeRO stages whose partitions hold fp32 master weights in `single_partition_of_fp32_groups`
+and whose DeepSpeed optimizer restores a universal checkpoint of any of our layouts."""
+ZERO3_MODEL_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+"""The engine-state file DeepSpeed's ZeRO-3 universal load reads (tp 1)."""
+ADAM_STATES = {"exp_avg", "exp_avg_sq", "step"}
 
 
 def universal_target_problem(zero_stage: int, tp: int, pp: int) -> str:
@@ -60,12 +68,15 @@ def universal_target_problem(zero_stage: int, tp: int, pp: int) -> str:
         if pp >= 1 and zero_stage > 1:
             return "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only"
         return ""
-    if zero_stage == 3:
+    if zero_stage == 3 and pp >= 1:
+        return "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only"
+    if zero_stage == 3 and tp > 1:
         return (
-            "DeepSpeed 0.19.8's ZeRO-3 universal loader restores only Adam's states, gives every "
-            "parameter group the first group's hyperparameters (weight decay on biases and "
-            "norms) and does not split tensor-parallel weights"
+            "DeepSpeed 0.19.8's ZeRO-3 universal loader does not split tensor-parallel "
+            "weights (it partitions the full tensor over the data-parallel ranks)"
         )
+    if zero_stage == 3:
+        return ""
     return "a ZeRO-0 engine restores nothing from DeepSpeed's universal layout"
 
 
@@ -125,10 +136,14 @@ def write_universal_state(
     optimizer: FullOptimizerState,
     stages: int,
     tp: int,
+    zero_stage: int = 1,
 ) -> Path:
     """Write `{folder}/zero/` from full fp32 `weights` and `optimizer` state (both by
-    parameter name, of the target `schema`); returns the `zero` folder."""
+    parameter name, of the target `schema`) for a run with ZeRO `zero_stage`; returns the
+    `zero` folder."""
     groups = _param_groups(schema, optimizer, stages, tp)
+    if zero_stage == 3:
+        _check_zero3(folder, optimizer)
     state_file = Path(folder) / UNIVERSAL_STATE
     root = state_file.parent
     for name, spec in schema.params.items():
@@ -149,16 +164,41 @@ def write_universal_state(
                     "count, which DeepSpeed's universal loader cannot restore; convert with "
                     "--zero-stage 0"
                 )
-    torch.save({"param_groups": groups, "ds_version": deepspeed.__version__}, state_file)
+    # ZeRO 3 reads the step and the hyperparameters from a torch-like state dict (and the
+    # first group's for every group: `CheckpointIO` puts back each group's own).
+    step = next(iter(optimizer.per_param.values())).get("step")
+    torch_like = {"state": {0: {"step": step}}, "param_groups": groups}
+    torch.save(
+        {
+            "param_groups": groups,
+            "optimizer_state_dict": torch_like,
+            "ds_version": deepspeed.__version__,
+        },
+        state_file,
+    )
     return root
 
 
-def universal_files(reader, schema, weights, optimizer: FullOptimizerState | None, tp, pp):
-    """`write_checkpoint`'s `more_files` for a ZeRO 1/2 target (None without optimizer state:
-    the checkpoint then holds the weights only, in its ordinary model files). `weights` are the
-    module's; from a ZeRO 1/2 source `fp32.pt` gets the fp32 master weights of its partitions
-    (`master_weights.py`; the same values in an fp32 run, not the rounded ones in bf16)."""
-    if optimizer is None:
+def _check_zero3(folder: Path, optimizer: FullOptimizerState) -> None:
+    """DeepSpeed's ZeRO-3 universal loader reads `fp32`, `exp_avg` and `exp_avg_sq` only, and
+    the engine state from `ZERO3_MODEL_FILE`."""
+    for name, state in optimizer.per_param.items():
+        if set(state) != ADAM_STATES:
+            raise CheckpointError(
+                f"the optimizer state of '{name}' is {sorted(state)}; DeepSpeed's ZeRO-3 "
+                f"universal loader restores Adam's {sorted(ADAM_STATES)} only (convert with "
+                "--zero-stage 0, 1 or 2)"
+            )
+    shutil.copyfile(Path(folder) / mp_rank_file(0), Path(folder) / ZERO3_MODEL_FILE)
+
+
+def universal_files(reader, schema, weights, optimizer, tp: int, pp: int, zero_stage: int):
+    """`write_checkpoint`'s `more_files` for a ZeRO 1-3 target (None for ZeRO 0, or without
+    optimizer state: the checkpoint then holds the weights only, in its model files).
+    `weights` are the module's; from a ZeRO 1/2 source `fp32.pt` gets the fp32 master weights
+    of its partitions (`master_weights.py`; the same values in an fp32 run, not the rounded
+    ones in bf16)."""
+    if optimizer is None or not zero_stage:
         return None
     stages = max(1, pp)
     if int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0) in UNIVERSAL_STAGES:
@@ -168,7 +208,13 @@ def universal_files(reader, schema, weights, optimizer: FullOptimizerState | Non
 
     def write(folder: Path) -> None:
         write_universal_state(
-            folder, schema=schema, weights=weights, optimizer=optimizer, stages=stages, tp=tp
+            folder,
+            schema=schema,
+            weights=weights,
+            optimizer=optimizer,
+            stages=stages,
+            tp=tp,
+            zero_stage=zero_stage,
         )
 
     return write

@@ -109,7 +109,8 @@ def _zero_dp(folder: Path) -> int:
 def _layout_problem(layout, cfg: Config) -> str:
     """Why DeepSpeed cannot resume `layout` with `cfg` ("" when it can)."""
     p, c = cfg.parallel, cfg.checkpointing
-    if (layout.tp, layout.pp, layout.zero3) != (
+    universal = is_universal(layout.folder)  # restored by a ZeRO-3 engine or not
+    if (layout.tp, layout.pp, layout.zero3 or (universal and p.zero_stage == 3)) != (
         p.model_parallel_size,
         p.pipe_parallel_size,
         p.zero_stage == 3,
@@ -117,7 +118,7 @@ def _layout_problem(layout, cfg: Config) -> str:
         return "DeepSpeed loads only the tensor/pipeline layout (and ZeRO-3 or not) it saved"
     if c.no_load_optim or c.finetune:  # the weights only: no partitions read
         return ""
-    if is_universal(layout.folder):  # DeepSpeed's universal layout: any dp, ZeRO 1/2
+    if universal:  # DeepSpeed's universal layout: any dp
         problem = universal_target_problem(p.zero_stage, p.model_parallel_size, layout.pp)
         return f"it is in DeepSpeed's universal layout, and {problem}" if problem else ""
     saved_dp, stage = _zero_dp(layout.folder), p.zero_stage

@@ -241,6 +241,26 @@ def _universal_loading(engine, on: bool):
         config.load_universal_checkpoint = configured
 
 
+def _fix_zero3_universal_load(engine, folder: Path) -> None:
+    """Undo two slips of DeepSpeed 0.19.8's ZeRO-3 universal load. It gives every parameter
+    group the first group's hyperparameters (the no-decay group would be decayed): each group
+    gets its own back, saved in the same order (`megatron/checkpoint_tools/universal.py`). It
+    gives every sub-group one shared `step` tensor, which torch's Adam increments in place
+    once per sub-group per step (a wrong bias correction): each gets its own copy."""
+    for state in engine.optimizer.optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
+    saved = load_file(folder / UNIVERSAL_STATE)["param_groups"]
+    groups = engine.optimizer.optimizer.param_groups
+    if len(saved) != len(groups):
+        raise ValueError(
+            f"{folder / UNIVERSAL_STATE} has {len(saved)} parameter groups, the optimizer "
+            f"{len(groups)}: it was written for another model"
+        )
+    for group, own in zip(groups, saved):
+        group.update({key: value for key, value in own.items() if key != "params"})
+
+
 def mark_complete(folder: Path, tag: str) -> None:
     """Write the completion marker of a checkpoint folder (fsynced before `latest` moves)."""
     with open(folder / COMPLETE, "w") as f:
@@ -423,6 +443,8 @@ class CheckpointIO:
                 )
         except pickle.UnpicklingError as err:
             raise refusal(Path(load_dir) / tag, err) from err
+        if on and self.engine.zero_optimization_partition_weights():
+            _fix_zero3_universal_load(self.engine, Path(load_dir) / tag)
         return path
 
     @staticmethod

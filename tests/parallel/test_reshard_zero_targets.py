@@ -1,4 +1,4 @@
-"""Elastic resume onto ZeRO 1/2 (issue 16; gloo, 4 ranks, dropout 0): a run trained 4 steps at
+"""Elastic resume onto ZeRO 1-3 (issue 16; gloo, 4 ranks, dropout 0): a run trained 4 steps at
 (pp2, dp2) ZeRO-1 is converted by `tools/reshard.py --zero-stage` into DeepSpeed's universal
 layout and resumed through DeepSpeed's own `load_universal` path for 4 more steps:
 
@@ -6,6 +6,9 @@ layout and resumed through DeepSpeed's own `load_universal` path for 4 more step
   the same checkpoint at the source layout within 1e-5 relative;
 - bf16 (DeepSpeed's bf16 optimizer at the source, its ZeRO optimizer at the target): to (plain
   engine, dp4) ZeRO-2, losses within 1e-3 (bf16 sums in another order);
+- fp32 to (plain engine, dp4) ZeRO-3 (DeepSpeed's ZeRO-3 universal loader, with
+  `CheckpointIO`'s fix-ups: each parameter group's own hyperparameters, one step tensor per
+  sub-group), losses within 1e-5;
 - fp32 from (tp2, plain engine, dp2) ZeRO-3, whose weights exist only in the partitions of
   two model-parallel ranks, to (tp1, pp1, dp4) ZeRO-1, losses within 1e-5.
 
@@ -13,7 +16,8 @@ The global batch stays 8 (micro batch 2 x accumulation x dp). Inside each target
 after `CheckpointIO.load`, every parameter's fp32 master weight and Adam moments, read through
 DeepSpeed's `safe_get_full_*` accessors, equal element for element what DeepSpeed itself
 restores from the source checkpoint at the source layout (cut to the rank's tensor-parallel
-shard), and every step count is 4. One spawn runs it all (start-up is the expensive part).
+shard), every step count is 4 (one tensor per flat group) and each parameter group has its
+own weight decay. One spawn runs it all (start-up is the expensive part).
 """
 
 from __future__ import annotations
@@ -43,7 +47,15 @@ PP1_DP4_ZERO1 = dict(
 # source: (its changes to SOURCE, {target: layout on 4 ranks, global batch kept at 8},
 # loss tolerance)
 CASES = {
-    "fp32": ({}, {"plain_dp4_zero2": PLAIN_DP4_ZERO2, "tp2_pp1_zero1": TP2_PP1_ZERO1}, 1e-5),
+    "fp32": (
+        {},
+        {
+            "plain_dp4_zero2": PLAIN_DP4_ZERO2,
+            "tp2_pp1_zero1": TP2_PP1_ZERO1,
+            "plain_dp4_zero3": {**PLAIN_DP4_ZERO2, "zero_optimization": {"stage": 3}},
+        },
+        1e-5,
+    ),
     # ZeRO-3 at tp 2: its weights exist only in the partitions of two model-parallel ranks.
     "zero3_tp2": (
         dict(model_parallel_size=2, pipe_parallel_size=0, zero_optimization={"stage": 3}),
@@ -86,8 +98,13 @@ def _engine_state(cfg) -> tuple[dict, int, int]:
     seed_everything(cfg.training.seed + 1)  # other initial weights than the saved ones
     engine = build_engine(cfg, topology, cfg.training.train_iters).engine
     assert CheckpointIO(engine, None).load(cfg.checkpointing.load)["iteration"] == 4
-    steps = {float(s["step"]) for s in engine.optimizer.optimizer.state.values()}
-    assert steps == {4.0}, steps
+    states = list(engine.optimizer.optimizer.state.values())
+    assert {float(s["step"]) for s in states} == {4.0}
+    # torch's Adam adds 1 to `step` in place: a tensor shared by two flat groups would count
+    # two steps per step
+    assert len({id(s["step"]) for s in states}) == len(states)
+    decay = {g["name"]: g["weight_decay"] for g in engine.optimizer.optimizer.param_groups}
+    assert decay == {"decay": cfg.optimizer.weight_decay, "no_decay": 0.0}
     # DeepSpeed points each parameter at its piece of the optimizer's flat state only at the
     # first step; its own linking, done now, makes `safe_get_full_optimizer_state` read the
     # state the next step will use.

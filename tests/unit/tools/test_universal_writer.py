@@ -7,8 +7,9 @@
   starts inside the parameter, and the step count;
 - `zero/optimizer_state.pt` holds the groups in the target optimizer's order with their own
   hyperparameters, loadable weights-only;
-- targets DeepSpeed cannot restore (ZeRO 3, ZeRO 2 on the pipeline engine) and a scalar state
-  other than the step are refused, naming why;
+- targets DeepSpeed cannot restore (ZeRO 3 at tp > 1, ZeRO 2 on the pipeline engine), a
+  ZeRO-3 target without Adam's states, and a scalar state other than the step are refused,
+  naming why;
 - the pre-flight resumes the universal checkpoint with ZeRO 1 at any data-parallel size,
   refuses ZeRO 0 there, and names `--zero-stage` in the reshard command it prints;
   `inspect_checkpoint --resume-at` says direct / reshard / cannot (ZeRO 3) by the same rule.
@@ -139,14 +140,24 @@ def test_targets_deepspeed_cannot_restore_are_refused(converted, tmp_path):
     from megatron.checkpoint_tools.universal import write_universal_state
 
     source = converted["folder"] / "ckpt"
-    with pytest.raises(ValueError, match="ZeRO-3 universal loader restores only Adam"):
-        reshard_checkpoint(source, tmp_path / "z3", tp=1, pp=0, zero_stage=3)
+    with pytest.raises(ValueError, match="ZeRO-3 universal loader does not split"):
+        reshard_checkpoint(source, tmp_path / "z3", tp=2, pp=0, zero_stage=3)
     with pytest.raises(ValueError, match="pipeline engine runs ZeRO stage 0 or 1 only"):
         reshard_checkpoint(source, tmp_path / "z2", tp=1, pp=1, zero_stage=2)
     schema = ModelSchema(CheckpointReader(source).args)
     optimizer = _optimizer_state(schema)
     first = next(iter(schema.params))
     optimizer.per_param[first]["k"] = 3  # a scalar DeepSpeed would load as a tensor state
+    with pytest.raises(CheckpointError, match="restores Adam's"):
+        write_universal_state(
+            tmp_path,
+            schema=schema,
+            weights=converted["state"],
+            optimizer=optimizer,
+            stages=1,
+            tp=1,
+            zero_stage=3,
+        )
     with pytest.raises(CheckpointError, match=f"'k' of '{first}' is a scalar"):
         write_universal_state(
             tmp_path, schema=schema, weights=converted["state"], optimizer=optimizer, stages=1, tp=1
@@ -194,7 +205,8 @@ def test_inspect_resume_at_follows_the_same_rule(converted):
     assert _verdict(out, "tp=2,pp=1,dp=2,zero=0")["verdict"] == "reshard"
     to_zero1 = _verdict(source, "tp=2,pp=1,dp=1,zero=1")
     assert to_zero1["verdict"] == "reshard" and "--zero-stage 1" in to_zero1["reason"]
-    to_zero3 = _verdict(source, "tp=1,pp=0,dp=2,zero=3")
+    assert _verdict(source, "tp=1,pp=0,dp=2,zero=3")["verdict"] == "reshard"
+    to_zero3 = _verdict(source, "tp=2,pp=0,dp=2,zero=3")
     assert to_zero3["verdict"] == "cannot" and "ZeRO-3 universal loader" in to_zero3["reason"]
 
 
