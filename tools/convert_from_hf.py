@@ -1,8 +1,10 @@
 """Convert a Hugging Face GPT-NeoX, Llama, Mistral, Qwen2 or Qwen3 model directory into our
-checkpoint at any tensor/pipeline layout.
+checkpoint at any tensor/pipeline layout (and, for Mixtral, any expert-parallel size).
 
     python tools/convert_from_hf.py --hf pythia-160m --output checkpoints/pythia \\
         --model-parallel-size 2 --pipe-parallel-size 2
+    python tools/convert_from_hf.py --hf mixtral --output checkpoints/mixtral \\
+        --model-parallel-size 2 --pipe-parallel-size 2 --expert-parallel-size 2
     python deepy.py train.py checkpoints/pythia/hf_import.yml my_data_and_training.yml
 
 writes {output}/global_step0/ (with `latest`), the tokenizer when the directory has one, and
@@ -34,6 +36,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=1,
         help="pipeline stages (0: plain engine, for ZeRO 2/3)",
     )
+    p.add_argument(
+        "--expert-parallel-size",
+        type=int,
+        default=1,
+        help="moe_expert_parallel_size of the runs that load it (Mixtral; must divide its "
+        "experts and the runs' data-parallel size)",
+    )
     p.add_argument("--config", nargs="*", default=[], help="further config files (optional)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_step0")
     return p.parse_args(argv)
@@ -46,6 +55,7 @@ def main(argv=None) -> int:
         args.output,
         tp=args.model_parallel_size,
         pp=args.pipe_parallel_size,
+        ep=args.expert_parallel_size,
         config_files=args.config,
         overwrite=args.overwrite,
     )

@@ -1,7 +1,8 @@
 """A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 or Mixtral model directory -> our
-checkpoint at any tp/pp layout.
+checkpoint at any tp/pp layout (and, for Mixtral, any expert-parallel size `ep`).
 
     result = import_hf("pythia-160m", "checkpoints/pythia", tp=2, pp=2)
+    result = import_hf("mixtral", "checkpoints/mixtral", tp=2, pp=2, ep=2)
 
 1. `model_keys_from_hf`: the Hugging Face config as our config keys (the inverse of
    `megatron.model.hf_config`, which is then asked back: a setting that would not survive
@@ -9,9 +10,11 @@ checkpoint at any tp/pp layout.
    reason; RoPE scaling maps onto `rope_scaling` field by field).
 2. The weights (safetensors or `pytorch_model*.bin`, sharded or not) renamed by the model's
    table (`from_hf`); a tensor the table does not use is an error, not a silent drop.
-3. `write_checkpoint` at `global_step0` with the resolved config, the tokenizer copied when
-   the directory has one, and `hf_import.yml`: the model, layout, tokenizer and
-   `load: OUTPUT` + `finetune: true` keys to add to a training config.
+3. `write_checkpoint` at `global_step0` with the resolved config (at ep > 1 the experts of
+   expert-parallel ranks > 0 in `expert_states_pp*_ep*.pt`, as training saves them), the
+   tokenizer copied when the directory has one, and `hf_import.yml`: the model, layout
+   (`moe_expert_parallel_size` too when ep > 1), tokenizer and `load: OUTPUT` +
+   `finetune: true` keys to add to a training config.
 """
 
 from __future__ import annotations
@@ -199,12 +202,18 @@ def _check_all_used(hf_state: dict, args: ModelArgs, arch: str) -> None:
         raise ValueError(f"the Hugging Face weights {unused[:4]} have no place in our model")
 
 
-def _settings(keys: dict, tokenizer: dict, config_files, tp: int, pp: int):
+def layout_keys(tp: int, pp: int, ep: int) -> dict:
+    """The layout keys of the import (the expert-parallel size only when it is not 1)."""
+    keys = {"model_parallel_size": tp, "pipe_parallel_size": pp}
+    return {**keys, "moe_expert_parallel_size": ep} if ep != 1 else keys
+
+
+def _settings(keys: dict, tokenizer: dict, config_files, layout: dict):
     """Settings for the config system; keys from `config_files` must not contradict `keys`."""
     from megatron.config.loader import Setting
     from megatron.config.resolve import load_settings
 
-    derived = {**keys, "model_parallel_size": tp, "pipe_parallel_size": pp}
+    derived = {**keys, **layout}
     settings = load_settings(list(config_files)) if config_files else {}
     clash = [
         f"{k}: {settings[k].value!r} in {settings[k].source}, {v!r} in the Hugging Face config"
@@ -225,10 +234,12 @@ def import_hf(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
     config_files=(),
     overwrite: bool = False,
 ) -> ImportResult:
-    """Convert the Hugging Face directory `hf_dir` into a checkpoint under `output`."""
+    """Convert the Hugging Face directory `hf_dir` into a checkpoint under `output` at layout
+    (tp, pp) and expert-parallel size `ep` (a model with experts only)."""
     from megatron.config.resolve import resolve_settings, settings_group
 
     hf_dir, output = Path(hf_dir), Path(output)
@@ -236,10 +247,16 @@ def import_hf(
     arch, keys = model_keys_from_hf(hf)
     output.mkdir(parents=True, exist_ok=True)
     tokenizer = import_tokenizer(hf_dir, output)
-    settings = _settings(keys, tokenizer, config_files, tp, pp)
+    layout = layout_keys(tp, pp, ep)
+    if ep != 1 and not keys.get("moe_num_experts", 1) > 1:
+        raise ValueError(
+            f"--expert-parallel-size {ep}: {hf.get('model_type')} has no experts; use 1"
+        )
+    settings = _settings(keys, tokenizer, config_files, layout)
     tokenizer_cfg = SimpleNamespace(tokenizer=settings_group(settings, "tokenizer"))
     vocab = tokenizer_vocab_size(tokenizer_cfg) or hf["vocab_size"]
-    cfg = resolve_settings(settings, world_size=tp * max(1, pp), vocab_size=vocab)
+    # one data-parallel replica per expert-parallel rank: the smallest world ep divides
+    cfg = resolve_settings(settings, world_size=tp * max(1, pp) * ep, vocab_size=vocab)
     args = ModelArgs.from_config(cfg)
     _check_round_trip(hf, args, arch)
     schema = ModelSchema(args)
@@ -264,9 +281,10 @@ def import_hf(
         iteration=0,
         config_dict=cfg.to_dict(),
         overwrite=overwrite,
+        ep=ep,
     )
     snippet = output / SNIPPET
-    snippet_keys = {**keys, "model_parallel_size": tp, "pipe_parallel_size": pp, **tokenizer}
+    snippet_keys = {**keys, **layout, **tokenizer}
     snippet_keys.update(load=str(output), finetune=True)
     snippet.write_text(json.dumps(snippet_keys, indent=2) + "\n")  # JSON is valid YAML
     return ImportResult(folder, arch, snippet, notes)

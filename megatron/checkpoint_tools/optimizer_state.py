@@ -4,7 +4,9 @@ Without ZeRO, DeepSpeed saves each model-parallel rank's optimizer `state_dict()
 `mp_rank_XX_model_states.pt`: per-parameter tensors (Adam's `exp_avg`, `exp_avg_sq`, ...)
 shaped like that rank's shard, numbered in the order of `stages.optimizer_parameter_names`.
 `read_optimizer_state` names and merges them into full tensors; `shard_optimizer_state`
-splits them for a rank of another layout, numbered for that layout's stage.
+splits them for a rank of another layout, numbered for that layout's stage. At expert-parallel
+size ep > 1 those files hold expert-parallel rank 0's experts' state and the others' come from
+`expert_states_pp*_ep*.pt` (`experts.py`), joined into the full `(E, ...)` state.
 
 ZeRO stages 1-3 keep the state in flat partitions over the data-parallel ranks;
 `zero_state.py` cuts them back into parameters (fp32 runs). Other cases keep their state in
@@ -22,6 +24,7 @@ import torch
 
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import StageModule, optimizer_parameter_names, stage_bounds
+from megatron.training.moe_checkpoint import is_expert_name
 
 
 @dataclass
@@ -71,6 +74,15 @@ def read_optimizer_state(reader, zero_stage: int = 0) -> tuple[FullOptimizerStat
     why = unmovable_reason(reader.cfg, zero_stage)
     if why:
         return None, why
+    from megatron.checkpoint_tools.experts import join_expert_optimizer
+    from megatron.training.moe_checkpoint import saved_expert_parallel_size
+
+    ep = saved_expert_parallel_size(reader.folder) if reader.args.moe_num_experts > 1 else 1
+    if _zero_stage(reader.cfg) > 0 and ep > 1:
+        return None, (
+            f"ZeRO partitions saved at moe_expert_parallel_size {ep} are not read by the "
+            "checkpoint tools"
+        )
     if _zero_stage(reader.cfg) > 0:
         from megatron.checkpoint_tools.zero_state import read_zero_optimizer_state
 
@@ -99,15 +111,20 @@ def read_optimizer_state(reader, zero_stage: int = 0) -> tuple[FullOptimizerStat
             if name in full.per_param:  # the tied embedding's copy on the last stage
                 continue
             states = [s[name] for s in shards]
-            merged = _merge_param_state(schema, name, states)
+            merged = _merge_param_state(schema, name, states, ep)
             if merged is None:
                 keys = sorted(states[0])
                 return None, f"its state of '{name}' ({keys}) is not shaped like the parameter"
             full.per_param[name] = merged
+    if ep > 1:
+        why = join_expert_optimizer(full, reader.folder, ep, layout.stages)
+        return (None, why) if why else (full, "")
     return full, ""
 
 
-def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> dict | None:
+def _merge_param_state(
+    schema: ModelSchema, name: str, states: list[dict], ep: int = 1
+) -> dict | None:
     """Full tensors of one parameter's state; None when a tensor is neither shaped like the
     parameter's shard nor a scalar (SM3's per-dimension accumulators, 1-bit Adam's error
     buffers): such state has no layout-free meaning here."""
@@ -116,6 +133,8 @@ def _merge_param_state(schema: ModelSchema, name: str, states: list[dict]) -> di
     shard_shape = list(spec.shape)
     if spec.partition_dim is not None:
         shard_shape[spec.partition_dim] //= tp
+    if ep > 1 and is_expert_name(name):  # expert-parallel rank 0's experts only
+        shard_shape[0] //= ep
     merged = {}
     for key, value in states[0].items():
         if torch.is_tensor(value) and list(value.shape) == shard_shape:

@@ -11,6 +11,10 @@ The files are those DeepSpeed's engine writes (`layout.py`), so `load` + `finetu
 
 then `config.json`, `trainer_state.pt`, and `{save}/latest` (atomically, last). Per-rank RNG
 states are not written: they belong to the old ranks (`pretrain` then warns and goes on).
+
+At expert-parallel size `ep > 1` DeepSpeed's files get expert-parallel rank 0's experts (and
+their optimizer state) and `expert_states_pp{P}_ep{r}.pt` the others', as training saves them
+(`experts.py`); `config_dict` must then say `moe_expert_parallel_size: ep`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from pathlib import Path
 import deepspeed
 import torch
 
+from megatron.checkpoint_tools.experts import (
+    check_expert_parallel,
+    expert_files,
+    optimizer_slice,
+    rank_slice,
+)
 from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
@@ -96,16 +106,27 @@ def write_checkpoint(
     trainer_state: dict | None = None,
     overwrite: bool = False,
     more_files: Callable[[Path], object] | None = None,
+    ep: int = 1,
 ) -> Path:
     """Write `state` (full tensors named as the model names them) at layout (tp, pp).
 
     `engine_state` is a source `mp_rank` file's content (scheduler, sample counts, DeepSpeed
     config) to carry over; `trainer_state` becomes `trainer_state.pt` (default: iteration
     only); `more_files(folder)` writes further files before the folder is marked complete
-    (DeepSpeed's universal layout, `universal.py`). Returns the `global_step{iteration}` folder.
+    (DeepSpeed's universal layout, `universal.py`); `ep` is the expert-parallel size (module
+    docstring). Returns the `global_step{iteration}` folder.
     """
     schema.check_tp(tp)
+    check_expert_parallel(schema, ep)
+    saved_ep = int(config_dict.get("moe_expert_parallel_size", 1) or 1)
+    if saved_ep != ep:
+        raise CheckpointError(
+            f"the config to record says moe_expert_parallel_size {saved_ep}, the files are "
+            f"written for {ep}: they must agree (the loader reads it from config.json)"
+        )
     _check_state(schema, state)
+    full_state, full_optimizer = state, optimizer
+    state, optimizer = rank_slice(state, ep, 0), optimizer_slice(optimizer, ep, 0)
     save_dir = Path(save_dir)
     tag = tag_for(iteration)
     folder = _prepare_folder(save_dir, tag, overwrite)
@@ -134,6 +155,8 @@ def write_checkpoint(
             torch.save(ranked, folder / mp_rank_file(stage * tp + t))
     torch.save({**(trainer_state or {}), "iteration": iteration}, folder / TRAINER_STATE)
     (folder / CONFIG_FILE).write_text(json.dumps(config_dict, indent=1))
+    if ep > 1:
+        expert_files(folder, schema, full_state, full_optimizer, ep=ep, tp=tp, pp=pp)
     if more_files is not None:
         more_files(folder)
     mark_complete(folder, tag)

@@ -29,10 +29,11 @@ def randomise(model):
     return model.eval()
 
 
-def import_and_read(hf, folder):
-    """Save `hf`, import it at (tp=2, pp=2) and read it back: `(our model, reader)`."""
+def import_and_read(hf, folder, ep: int = 1):
+    """Save `hf`, import it at (tp=2, pp=2) and expert-parallel size `ep`, and read it back:
+    `(our model, reader)`."""
     hf.save_pretrained(folder / "hf")
-    import_hf(folder / "hf", folder / "ours", tp=2, pp=2)
+    import_hf(folder / "hf", folder / "ours", tp=2, pp=2, ep=ep)
     reader = CheckpointReader(folder / "ours")
     assert (reader.layout.tp, reader.layout.pp) == (2, 2)
     ours = build_gpt(dataclasses.replace(reader.args, pipe_parallel_size=0)).eval()

@@ -3,10 +3,10 @@
 A tiny random `MixtralForCausalLM` (2 layers, 4 experts, top-2, hidden 64, a window shorter
 than the sequence; norm weights randomised too):
 
-- imported with `import_hf` at (tp=2, pp=2) (expert-parallel size 1: import resolves one
-  data-parallel rank, which ep must divide) and read back:
+- imported with `import_hf` at (tp=2, pp=2), at expert-parallel size 1 and 2, and read back:
   logits equal transformers' within 1e-5, and cached greedy decoding gives the tokens of
-  transformers' greedy `generate`;
+  transformers' greedy `generate`; at ep 2 DeepSpeed's layer files hold experts 0-1 of each
+  layer and `expert_states_pp{stage}_ep1.pt` experts 2-3, as training saves them;
 - exported back with `export_hf`: every tensor of the files and the config keys equal;
 - routers Mixtral cannot express (Sinkhorn, GPT-NeoX's unnormalised weights, token dropping,
   dense layers between MoE ones, expert biases) are refused on export.
@@ -57,12 +57,32 @@ def random_mixtral():
     return randomise(transformers.MixtralForCausalLM(config))
 
 
-@pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mixtral")
+@pytest.fixture(scope="module", params=[1, 2], ids=["ep1", "ep2"])
+def imported(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"mixtral_ep{request.param}")
     hf = random_mixtral()
-    ours, reader = import_and_read(hf, folder)
+    ours, reader = import_and_read(hf, folder, ep=request.param)
     return hf, ours, reader, folder
+
+
+def test_ep2_files_are_the_slices_training_saves(imported):
+    """DeepSpeed's layer files: experts 0-1; the expert files: experts 2-3 of each stage."""
+    _, _, reader, _ = imported
+    ep = reader.cfg.moe.moe_expert_parallel_size
+    step = reader.folder
+    expert_files = sorted(p.name for p in step.glob("expert_states_*"))
+    if ep == 1:
+        assert expert_files == []
+        return
+    assert expert_files == ["expert_states_pp0_ep1.pt", "expert_states_pp1_ep1.pt"]
+    layer = reader.schema.spec(next(n for n in reader.schema.params if ".experts.w_gate" in n))
+    for t in (0, 1):  # experts are whole on every tensor-parallel rank
+        saved = torch.load(step / f"layer_{layer.layer:02d}-model_{t:02d}-model_states.pt")
+        assert saved[layer.local].shape[0] == 2
+    rest = torch.load(step / "expert_states_pp0_ep1.pt")
+    assert rest["ep_size"] == 2 and rest["optimizer"] == {}
+    both = torch.cat([saved[layer.local], rest["params"][layer.name]])
+    assert torch.equal(both, reader.state_dict([layer.name])[layer.name])
 
 
 def test_imported_at_tp2_pp2_gives_transformers_logits(imported):
