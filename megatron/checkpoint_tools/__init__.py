@@ -10,7 +10,8 @@
 | `optimizer_state` | ZeRO-0 optimizer state by name, merged and re-split                    |
 | `zero_state`      | ZeRO 1-3 optimizer state by name, from DeepSpeed's flat partitions     |
 | `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=, zero_stage=)`: any layout/ZeRO |
-| `universal`       | DeepSpeed's universal layout (`zero/`), for ZeRO 1/2 targets at any dp |
+| `universal`       | DeepSpeed's universal layout (`zero/`), for ZeRO 1-3 targets at any dp |
+| `master_weights`  | fp32 master weights from ZeRO 1-3 partitions (bf16 runs, ZeRO-3 at tp>1) |
 | `hf_export`       | `export_hf`: GPTNeoXForCausalLM / LlamaForCausalLM directory           |
 | `hf_reward`       | a reward model as `...ForSequenceClassification` (used by `hf_export`) |
 | `hf_import`       | `import_hf`: a Hugging Face directory -> our checkpoint                |

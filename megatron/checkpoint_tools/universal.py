@@ -225,7 +225,7 @@ def resume_note(zero_stage: int, with_optimizer: bool) -> str:
     if not zero_stage:
         return (
             "written without ZeRO: resume it with zero_optimization stage 0 (another stage "
-            "only with no_load_optim, or convert with --zero-stage 1/2)"
+            "only with no_load_optim, or convert with --zero-stage 1, 2 or 3)"
         )
     if not with_optimizer:
         return f"weights only: resume it with ZeRO stage {zero_stage} and no_load_optim"

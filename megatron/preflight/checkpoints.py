@@ -109,14 +109,17 @@ def _zero_dp(folder: Path) -> int:
 def _layout_problem(layout, cfg: Config) -> str:
     """Why DeepSpeed cannot resume `layout` with `cfg` ("" when it can)."""
     p, c = cfg.parallel, cfg.checkpointing
-    universal = is_universal(layout.folder)  # restored by a ZeRO-3 engine or not
-    if (layout.tp, layout.pp, layout.zero3 or (universal and p.zero_stage == 3)) != (
+    universal = is_universal(layout.folder)
+    # A ZeRO-3 engine restores a universal folder only through it (weights and optimizer).
+    weights_only = c.no_load_optim or c.finetune
+    universal_z3 = universal and p.zero_stage == 3 and not weights_only
+    if (layout.tp, layout.pp, layout.zero3 or universal_z3) != (
         p.model_parallel_size,
         p.pipe_parallel_size,
         p.zero_stage == 3,
     ):
         return "DeepSpeed loads only the tensor/pipeline layout (and ZeRO-3 or not) it saved"
-    if c.no_load_optim or c.finetune:  # the weights only: no partitions read
+    if weights_only:  # no partitions read
         return ""
     if universal:  # DeepSpeed's universal layout: any dp
         problem = universal_target_problem(p.zero_stage, p.model_parallel_size, layout.pp)

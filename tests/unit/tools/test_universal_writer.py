@@ -12,7 +12,11 @@
   naming why;
 - the pre-flight resumes the universal checkpoint with ZeRO 1 at any data-parallel size,
   refuses ZeRO 0 there, and names `--zero-stage` in the reshard command it prints;
-  `inspect_checkpoint --resume-at` says direct / reshard / cannot (ZeRO 3) by the same rule.
+  `inspect_checkpoint --resume-at` says direct / reshard / cannot (ZeRO 3 at tp 2) by the
+  same rule;
+- a ZeRO-3 target at tp 1 gets what DeepSpeed's ZeRO-3 universal loader reads (the step in
+  `optimizer_state_dict`, `zero_pp_rank_0_mp_rank_00_model_states.pt`), and the pre-flight
+  resumes it with ZeRO 3 at any dp, but not its weights alone (`finetune`).
 """
 
 from __future__ import annotations
@@ -238,3 +242,21 @@ def test_load_universal_set_by_hand_on_an_ordinary_checkpoint_is_refused(convert
     assert "checkpoint.load_universal is true" in next(f for f in found if f.level == ERROR).message
     tp2 = dict(model_parallel_size=2, pipe_parallel_size=1, zero_optimization={"stage": 1})
     assert ERROR not in [f.level for f in _load_findings(out, 2, **tp2, **by_hand)]
+
+
+def test_zero3_target_at_tp1(converted, tmp_path):
+    from megatron.checkpoint_tools import reshard_checkpoint
+    from megatron.preflight import ERROR
+    from megatron.training.safe_load import load_file
+
+    source = converted["folder"] / "ckpt"
+    folder = reshard_checkpoint(source, tmp_path / "ckpt", tp=1, pp=0, zero_stage=3).folder
+    saved = load_file(folder / "zero" / "optimizer_state.pt")["optimizer_state_dict"]
+    assert float(saved["state"][0]["step"]) == 4.0  # where DeepSpeed's ZeRO-3 loader reads it
+    assert (folder / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file()
+    z3 = dict(model_parallel_size=1, pipe_parallel_size=0, zero_optimization={"stage": 3})
+    for world in (1, 2):
+        assert ERROR not in [f.level for f in _load_findings(tmp_path / "ckpt", world, **z3)]
+    # its weights alone: a ZeRO-3 engine would look for partition files
+    (weights_only, *_) = _load_findings(tmp_path / "ckpt", 2, **z3, finetune=True)
+    assert weights_only.level == ERROR and "(and ZeRO-3 or not)" in weights_only.message
