@@ -1,6 +1,6 @@
-"""Write DeepSpeed's universal checkpoint layout, so a ZeRO 1/2 run resumes at any dp.
+"""Write DeepSpeed's universal checkpoint layout, so a ZeRO 1-3 run resumes at any dp.
 
-DeepSpeed's ZeRO 1/2 optimizers restore a universal checkpoint (`load_universal`) from
+DeepSpeed's ZeRO optimizers restore a universal checkpoint (`load_universal`) from
 `{global_step}/zero/`: one folder per parameter, named as the engine's `named_parameters`
 name it, holding `fp32.pt` (the fp32 master weight) and one file per optimizer state
 (`exp_avg.pt`, `exp_avg_sq.pt`, ...), each `{"param": full tensor, "cat_dim": d}`, plus
