@@ -12,7 +12,8 @@ path, `megatron/checkpoint_tools/universal.py`; ZeRO 2 and 3 on the plain engine
 at tensor-parallel size 1 and with Adam only).
 Iteration, consumed samples, skipped-step counters and the LR schedule carry over: resume with
 `load: {output}`, the new model_parallel_size / pipe_parallel_size / number of ranks, and
-that zero_optimization stage.
+that zero_optimization stage. `--expert-parallel-size` converts a Mixture-of-Experts
+checkpoint to another moe_expert_parallel_size (ZeRO stage 0), weights and optimizer state.
 (Why an offline tool, and DeepSpeed's universal checkpoint's limits for our checkpoints:
 `megatron/checkpoint_tools/reshard.py`.)
 """
@@ -46,6 +47,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=(0, 1, 2, 3),
         help="ZeRO stage of the run that resumes it (1-3: DeepSpeed's universal layout)",
     )
+    p.add_argument(
+        "--expert-parallel-size",
+        type=int,
+        default=None,
+        help="moe_expert_parallel_size of the run that resumes it (default: the source's)",
+    )
     p.add_argument("--no-optimizer", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_stepN")
     return p.parse_args(argv)
@@ -61,6 +68,7 @@ def main(argv=None) -> int:
         optimizer=not args.no_optimizer,
         overwrite=args.overwrite,
         zero_stage=args.zero_stage,
+        ep=args.expert_parallel_size,
     )
     print(result.report())
     return 0

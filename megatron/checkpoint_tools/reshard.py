@@ -31,6 +31,12 @@ group of the old layout. Why not DeepSpeed's converter (`ds_to_universal.py`): i
 ZeRO 1/2 partitions only; the partition reading follows its `zero_to_fp32.py` reconstruction
 instead, and `universal.py` writes the converter's output layout from the full state.
 
+Expert parallelism (`ep`, Mixture of Experts): the experts come back whole from every
+expert-parallel rank's files (`CheckpointReader`, `experts.py`) and are written at the target's
+`moe_expert_parallel_size` as training saves them, with their optimizer state (ZeRO 0 sources
+and targets only: ZeRO partitions saved at ep > 1 are not read, a ZeRO target at ep > 1 is
+refused). The default keeps the source's size.
+
 The padded vocabulary follows the target tensor-parallel size as the config system derives it
 (`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
 zero rows are added, or trailing padding rows dropped, in the vocabulary tables and their
@@ -40,9 +46,11 @@ optimizer state.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megatron.checkpoint_tools.experts import check_expert_parallel
 from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
 from megatron.checkpoint_tools.reader import CheckpointReader
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
@@ -86,14 +94,15 @@ def tokenizer_vocab_size(cfg) -> int | None:
         return None
 
 
-def target_config(cfg, tp: int, pp: int, zero_stage: int = 0):
-    """The source config at layout (tp, pp) and ZeRO `zero_stage`, padded vocabulary
-    re-derived for `tp`."""
+def target_config(cfg, tp: int, pp: int, zero_stage: int = 0, ep: int | None = None):
+    """The source config at layout (tp, pp), ZeRO `zero_stage` and expert-parallel size `ep`
+    (None: the source's), padded vocabulary re-derived for `tp`."""
     from megatron.config import pad_vocab_size
 
     vocab = tokenizer_vocab_size(cfg) or cfg.model.padded_vocab_size
     padded = pad_vocab_size(vocab, cfg.tokenizer.make_vocab_size_divisible_by, tp)
-    dp = cfg.parallel.data_parallel_size or 1
+    ep = cfg.moe.moe_expert_parallel_size if ep is None else ep
+    dp = math.lcm(cfg.parallel.data_parallel_size or 1, ep)  # ep divides dp
     # The recorded config says the stage the files are written for: 0 (module and optimizer
     # in mp_rank files) or 1/2 (DeepSpeed's universal layout, `universal.py`).
     zero = {**(cfg.parallel.zero_optimization or {}), "stage": zero_stage}
@@ -105,6 +114,7 @@ def target_config(cfg, tp: int, pp: int, zero_stage: int = 0):
         data_parallel_size=dp,
         zero_optimization=zero,
         zero_stage=zero_stage,
+        moe_expert_parallel_size=ep,
     )
 
 
@@ -134,13 +144,21 @@ def reshard_checkpoint(
     optimizer: bool = True,
     overwrite: bool = False,
     zero_stage: int = 0,
+    ep: int | None = None,
 ) -> ReshardResult:
     """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp),
     for a run with ZeRO `zero_stage` (0, or 1-3 through DeepSpeed's universal layout)."""
     reader = CheckpointReader(source)
-    cfg = target_config(reader.cfg, tp, pp, zero_stage)
+    cfg = target_config(reader.cfg, tp, pp, zero_stage, ep)
+    ep = cfg.moe.moe_expert_parallel_size
     schema = ModelSchema(ModelArgs.from_config(cfg))
     check_layout(schema, tp, pp)
+    check_expert_parallel(schema, ep)
+    if zero_stage and ep > 1:
+        raise ValueError(
+            f"--zero-stage {zero_stage} at --expert-parallel-size {ep}: the tools write "
+            "expert-parallel checkpoints without ZeRO only; use --zero-stage 0"
+        )
     if zero_stage and (problem := universal_target_problem(zero_stage, tp, pp)):
         raise ValueError(f"--zero-stage {zero_stage} at tp={tp}, pp={pp}: {problem}")
     notes = []
@@ -170,11 +188,14 @@ def reshard_checkpoint(
         trainer_state=trainer,
         overwrite=overwrite,
         more_files=universal_files(reader, schema, state, moved, tp, pp, zero_stage),
+        ep=ep,
     )
     notes.append("per-rank RNG states are not carried over (they belong to the old ranks)")
     source_zero = int(getattr(reader.cfg.parallel, "zero_stage", 0) or 0)
     notes.append(resume_note(zero_stage, moved is not None))
     target = f"tp={tp}, pp={pp}, ZeRO stage {zero_stage}"
+    if reader.args.moe_num_experts > 1:
+        target += f", moe_expert_parallel_size {ep}"
     opt_text = f"dropped: {why}; resume with no_load_optim"
     if moved is not None:
         keys = sorted({k for state in moved.per_param.values() for k in state})
