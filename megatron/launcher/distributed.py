@@ -4,7 +4,8 @@
 that says `distributed_backend: nccl` still runs on a laptop, with a warning). It reads the
 variables `setup_distributed_env()` exported, pins the CUDA device to LOCAL_RANK under
 NCCL, and is idempotent: a second call, or a call after someone else initialised
-`torch.distributed`, returns the backend in use.
+`torch.distributed`, returns the backend in use. On CPU it then removes the names of
+DeepSpeed's shared-memory buffers (`shm_buffers.py`), which DeepSpeed itself leaves behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from datetime import timedelta
 
 from megatron.config.verbosity import quiet_deepspeed, sync_deepspeed_logger
 from megatron.launcher.errors import WorkerEnvironmentError
+from megatron.launcher.shm_buffers import release_own_buffer
 
 logger = logging.getLogger(__name__)
 
@@ -82,4 +84,6 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float | Non
         deepspeed.init_distributed(
             dist_backend=name, auto_mpi_discovery=False, verbose=False, **kwargs
         )
+    if not cuda:
+        release_own_buffer()  # DeepSpeed never removes its /dev/shm all-reduce buffers
     return name
