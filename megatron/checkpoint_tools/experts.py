@@ -22,7 +22,11 @@ import torch
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.checkpoint_tools.stages import stage_bounds, stage_parameter_names
-from megatron.training.moe_checkpoint import expert_file, is_expert_name
+from megatron.training.moe_checkpoint import (  # noqa: F401 (saved_...: for the pre-flight)
+    expert_file,
+    is_expert_name,
+    saved_expert_parallel_size,
+)
 from megatron.training.safe_load import load_file
 
 

@@ -16,7 +16,9 @@ checkpoint's layout: DeepSpeed loads only the tensor/pipeline layout it saved, Z
 only at the data-parallel size and ZeRO-or-not they were saved with (a ZeRO engine given a
 checkpoint without partitions would silently start its optimizer afresh); any other layout is
 refused with the `tools/reshard.py` command that converts weights and optimizer state to a
-checkpoint of the target layout for the run's ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
+checkpoint of the target layout (`moe_expert_parallel_size` too: each expert-parallel rank
+loads only its own slice of the experts, `megatron/training/moe_checkpoint.py`) for the run's
+ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
 universal layout, restored at any data-parallel size (`megatron/checkpoint_tools/reshard.py`;
 `megatron/checkpoint_tools/universal.py::universal_target_problem` says which runs can).
 """
@@ -27,6 +29,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from megatron.checkpoint_tools.experts import saved_expert_parallel_size
 from megatron.checkpoint_tools.layout import (
     COMPLETE,
     LATEST,
@@ -54,6 +57,8 @@ NAME = "load"
 _ZERO_RANK0 = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt$")
 # The config key a `ModelArgs` field is set by, where the names differ.
 CONFIG_KEY = {field: key for key, field in CONFIG_ONLY.items()}
+# Model fields that are a parallel layout: the layout rule judges them (generation reads any).
+LAYOUT_FIELDS = frozenset({"moe_expert_parallel_size"})
 
 
 def resume_folder(load: Path) -> tuple[Path | None, list[Finding]]:
@@ -80,7 +85,7 @@ def key_differences(saved: ModelArgs, wanted: ModelArgs, *, vocab: bool = True) 
     out = []
     for f in dataclasses.fields(wanted):
         a, b = getattr(saved, f.name), getattr(wanted, f.name)
-        if f.name in NEUTRAL or a == b or (f.name == "vocab_size" and not vocab):
+        if f.name in NEUTRAL | LAYOUT_FIELDS or a == b or (f.name == "vocab_size" and not vocab):
             continue
         out.append((CONFIG_KEY.get(f.name, f.name), a, b))
     return [f"{key} {a!r}, the config says {b!r}" for key, a, b in out]
@@ -106,9 +111,22 @@ def _zero_dp(folder: Path) -> int:
     return sum(1 for f in folder.iterdir() if _ZERO_RANK0.match(f.name))
 
 
+def _expert_parallel(layout, cfg: Config) -> tuple[int, int] | None:
+    """`(saved, the run's)` moe_expert_parallel_size, None for a model without experts."""
+    if cfg.moe.moe_num_experts <= 1:
+        return None
+    return saved_expert_parallel_size(layout.folder), cfg.moe.moe_expert_parallel_size
+
+
 def _layout_problem(layout, cfg: Config) -> str:
     """Why DeepSpeed cannot resume `layout` with `cfg` ("" when it can)."""
     p, c = cfg.parallel, cfg.checkpointing
+    eps = _expert_parallel(layout, cfg)
+    if eps and eps[0] != eps[1]:  # refused by the loader even for the weights alone
+        return (
+            f"its experts are split over moe_expert_parallel_size {eps[0]} ranks, the run has "
+            f"{eps[1]}, and each expert-parallel rank loads only its own slice"
+        )
     universal = is_universal(layout.folder)
     # A ZeRO-3 engine restores a universal folder only through it (weights and optimizer).
     weights_only = c.no_load_optim or c.finetune
@@ -148,6 +166,12 @@ def _layout_finding(layout, cfg: Config) -> Finding | None:
     want = (p.model_parallel_size, p.pipe_parallel_size)
     stage, why = reshard_stage(p.zero_stage, *want)
     target = f"--model-parallel-size {want[0]} --pipe-parallel-size {want[1]}"
+    eps, saved_ep = _expert_parallel(layout, cfg), ""
+    if eps:
+        target += f" --expert-parallel-size {eps[1]}"
+        saved_ep = f", moe_expert_parallel_size {eps[0]}"
+        if eps[1] > 1 and stage:
+            stage, why = 0, " (the tools write expert-parallel checkpoints without ZeRO only)"
     target += f" --zero-stage {stage}"
     dp = _zero_dp(layout.folder)
     saved_zero = f"ZeRO partitions over {dp} data-parallel rank(s)" if dp else "without ZeRO"
@@ -156,7 +180,8 @@ def _layout_finding(layout, cfg: Config) -> Finding | None:
     return Finding(
         NAME,
         ERROR,
-        f"{layout.folder} was saved at {layout.describe()} ({saved_zero}); the config has "
+        f"{layout.folder} was saved at {layout.describe()}{saved_ep} ({saved_zero}); the "
+        f"config has "
         f"model_parallel_size {want[0]}, pipe_parallel_size {want[1]}, zero_stage "
         f"{p.zero_stage}, data_parallel_size {p.data_parallel_size}: {problem}. Convert it "
         f"(weights and optimizer state): run python tools/reshard.py --checkpoint "

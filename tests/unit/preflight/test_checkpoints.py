@@ -173,3 +173,28 @@ def test_a_newer_temporary_checkpoint_is_resumed_as_the_loader_does(tmp_path):
     assert levels(found) == [WARNING, OK]
     assert "from the newest complete checkpoint, 'global_step3_temporary'" in found[0].message
     same_as_the_loader(tmp_path)
+
+
+def test_another_expert_parallel_size_is_refused_and_the_named_reshard_fixes_it(tmp_path):
+    """Saved at moe_expert_parallel_size 2, the run at 1 (same tp/pp): refused before launch
+    with a reshard command, and the folder that command writes passes."""
+    from tools import reshard
+
+    moe = dict(moe_num_experts=4, moe_top_k=2, expert_interval=1)
+    saved_cfg = config(world_size=2, moe_expert_parallel_size=2, **moe)
+    schema = ModelSchema(ModelArgs.from_config(saved_cfg))
+    state, saved = saved_state(saved_cfg), saved_cfg.to_dict()
+    folder = write_checkpoint(tmp_path / "ep2", schema=schema, state=state, tp=1, pp=1,
+                              iteration=2, config_dict=saved, ep=2)  # fmt: skip
+    same = load_findings(tmp_path / "ep2", world_size=2, moe_expert_parallel_size=2, **moe)
+    assert levels(same) == [OK]
+    found = load_findings(tmp_path / "ep2", **moe)
+    assert levels(found) == [ERROR, OK]
+    message = found[0].message
+    assert "moe_expert_parallel_size 2 ranks, the run has 1" in message
+    command = message.split("run python tools/reshard.py ")[1].split(" and load")[0]
+    command = command.replace("<new folder>", str(tmp_path / "ep1"))
+    assert "--expert-parallel-size 1 --zero-stage 0" in command
+    assert reshard.main(command.split()) == 0
+    assert levels(load_findings(tmp_path / "ep1", **moe)) == [OK]
+    assert str(folder) in message
