@@ -5,7 +5,8 @@ parameter shapes and norms; and whether a run can resume it at another layout.
     python tools/inspect_checkpoint.py --checkpoint checkpoints/global_step200 --json
     python tools/inspect_checkpoint.py --checkpoint checkpoints --resume-at tp=2,pp=1,dp=4,zero=1
 
-Norms are of the full (merged) tensors, so they are the same at any tp/pp layout.
+Norms are of the full (merged) tensors, so they are the same at any tp/pp layout (and
+expert-parallel size: `ep=` in the layout line; `ep=E` in `--resume-at`, default the saved one).
 `--resume-at` (or `--resume-config`, a run's config files) answers with `train.py`'s own
 rule, the pre-flight's (`megatron/preflight/checkpoints.py`): resumes directly, needs
 `tools/reshard.py` first (the command is printed), or cannot with its optimizer state (and
@@ -36,6 +37,7 @@ from megatron.checkpoint_tools.universal import reshard_stage  # noqa: E402
 from megatron.preflight.checkpoints import _layout_finding  # noqa: E402
 
 RESUME_KEYS = ("tp", "pp", "dp", "zero")
+OPTIONAL_KEYS = ("ep",)  # moe_expert_parallel_size; default: the checkpoint's
 
 
 def parse_resume_at(text: str) -> dict[str, int]:
@@ -43,10 +45,10 @@ def parse_resume_at(text: str) -> dict[str, int]:
     target = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
-        if key not in RESUME_KEYS or not value.strip().isdigit():
+        if key not in RESUME_KEYS + OPTIONAL_KEYS or not value.strip().isdigit():
             raise ValueError(
-                f"--resume-at: '{part}' is not valid; expected {','.join(RESUME_KEYS)} each "
-                "as key=integer, e.g. tp=2,pp=1,dp=4,zero=1"
+                f"--resume-at: '{part}' is not valid; expected {','.join(RESUME_KEYS)} (and "
+                "optionally ep) each as key=integer, e.g. tp=2,pp=1,dp=4,zero=1,ep=2"
             )
         target[key] = int(value)
     missing = [k for k in RESUME_KEYS if k not in target]
@@ -65,6 +67,7 @@ def target_from_config(cfg) -> dict[str, int]:
         "pp": p.pipe_parallel_size,
         "dp": p.data_parallel_size,
         "zero": p.zero_stage,
+        "ep": cfg.moe.moe_expert_parallel_size,
     }
 
 
@@ -77,7 +80,9 @@ def _resuming_config(saved, target: dict[str, int]):
         data_parallel_size=target["dp"],
         zero_stage=target["zero"],
     )
-    return dataclasses.replace(saved, parallel=parallel)
+    ep = target.get("ep", saved.moe.moe_expert_parallel_size)
+    moe = dataclasses.replace(saved.moe, moe_expert_parallel_size=ep)
+    return dataclasses.replace(saved, parallel=parallel, moe=moe)
 
 
 def resume_verdict(reader, target: dict[str, int]) -> dict:
@@ -112,7 +117,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="shapes from the config only; reads no weights (fast)",
     )
-    p.add_argument("--resume-at", help="tp=T,pp=P,dp=D,zero=Z: can a run resume it there?")
+    p.add_argument("--resume-at", help="tp=T,pp=P,dp=D,zero=Z[,ep=E]: can a run resume it there?")
     p.add_argument("--resume-config", nargs="*", help="or: the resuming run's config files")
     return p.parse_args(argv)
 

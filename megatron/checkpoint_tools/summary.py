@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint_tools.experts import saved_expert_parallel_size
+
 MODEL_KEYS = (
     "num_layers",
     "hidden_size",
@@ -61,6 +63,8 @@ def summarize(reader, *, norms: bool = True) -> dict:
             "pipe_parallel_size": layout.pp,
             "zero_stage": getattr(cfg.parallel, "zero_stage", 0),
             "data_parallel_size": getattr(cfg.parallel, "data_parallel_size", None),
+            # what the loaders read (config.json); the experts' slices: expert_states_*.pt
+            "moe_expert_parallel_size": saved_expert_parallel_size(layout.folder),
         },
         "model": {k: getattr(cfg.model, k, None) for k in MODEL_KEYS},
         "precision": getattr(cfg.precision, "dtype", None),
@@ -78,7 +82,8 @@ def format_summary(summary: dict) -> str:
         f"checkpoint  {summary['folder']}",
         f"iteration   {summary['iteration']} (consumed samples {summary['consumed_samples']})",
         f"layout      tp={lay['model_parallel_size']} pp={lay['pipe_parallel_size']} "
-        f"zero={lay['zero_stage']} dp={lay['data_parallel_size']}",
+        f"zero={lay['zero_stage']} dp={lay['data_parallel_size']}"
+        f" ep={lay.get('moe_expert_parallel_size', 1)}",
         f"precision   {summary['precision']}, {summary['size_bytes'] / 2**20:.1f} MiB on disk",
         f"optimizer   {summary['optimizer']}",
         "model       " + ", ".join(f"{k}={v}" for k, v in summary["model"].items()),

@@ -5,7 +5,9 @@
   every full tensor equal, and to the source's ep by default;
 - a file the writer gives expert-parallel rank 1 is read by the training loop's own loader
   (`moe_checkpoint.ExpertCheckpoint.load`): rank 1 gets experts 2-3 and their Adam moments;
-- sizes the model cannot take, and ZeRO targets at ep > 1, are refused by name.
+- sizes the model cannot take, and ZeRO targets at ep > 1, are refused by name;
+- `tools/inspect_checkpoint.py` shows the saved ep and, asked about a resume at ep 1, names
+  the reshard command.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from megatron.checkpoint_tools.writer import write_checkpoint  # noqa: E402
 from megatron.model import ModelArgs, build_gpt  # noqa: E402
 from megatron.training.moe_checkpoint import ExpertCheckpoint, is_expert_name  # noqa: E402
 from tests.unit.tools.test_hf_mixtral import random_mixtral  # noqa: E402
-from tools import reshard  # noqa: E402
+from tools import inspect_checkpoint, reshard  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +127,13 @@ def test_sizes_the_model_cannot_take_are_refused(ep2, capsys):
         with pytest.raises(ValueError, match=message):
             reshard.main(["--checkpoint", str(ep2 / "ep2"), "--output", str(ep2 / "x"),
                           *base, *extra])  # fmt: skip
+
+
+def test_inspect_shows_the_expert_parallel_size_and_the_reshard_to_another(ep2, capsys):
+    argv = ["--checkpoint", str(ep2 / "ep2"), "--no-norms"]
+    assert inspect_checkpoint.main([*argv, "--resume-at", "tp=2,pp=2,dp=2,zero=0,ep=1"]) == 0
+    out = capsys.readouterr().out
+    assert "layout      tp=2 pp=2 zero=0 dp=2 ep=2" in out
+    assert "resume      reshard:" in out and "--expert-parallel-size 1 --zero-stage 0" in out
+    assert inspect_checkpoint.main([*argv, "--resume-at", "tp=2,pp=2,dp=2,zero=0"]) == 0
+    assert "resume      direct" in capsys.readouterr().out  # ep: the saved one
