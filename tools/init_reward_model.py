@@ -1,7 +1,7 @@
 """Start a reward model (train_impl: rm) from a language model's checkpoint.
 
     python tools/init_reward_model.py --checkpoint checkpoints/sft \\
-        --config configs/my-rm.yml local.yml --output checkpoints/rm-init
+        --config configs/my-rm.yml local.yml --output checkpoints/rm-init [--set KEY=VALUE]
 
 writes `{output}/global_step0` at the config's tensor/pipeline layout: the language model's
 body, no vocabulary head, and a value head drawn from the config's seed (as a fresh run would
@@ -28,6 +28,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--checkpoint", required=True, help="the language model: save folder or global_stepN"
     )
     p.add_argument("--config", nargs="+", required=True, help="the reward model's config files")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, as deepy.py's --set",
+    )
     p.add_argument("--output", required=True, help="save folder to write global_step0 into")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_step0")
     return p.parse_args(argv)
@@ -36,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        cfg = config_from_files(args.config)
+        cfg = config_from_files(args.config, args.set)
         result = init_reward_model(args.checkpoint, cfg, args.output, overwrite=args.overwrite)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, CheckpointError) as err:
         print(f"init_reward_model.py: {err}", file=sys.stderr)
