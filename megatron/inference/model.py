@@ -19,6 +19,10 @@ lm-eval's log-softmax) may ever see them.
 Weights are read with `megatron.checkpoint_tools.CheckpointReader` (only this stage's layers),
 so a checkpoint saved at any tp/pp loads at any other. The model is built without sequence
 parallelism, dropout or activation checkpointing: the same weights, the eval-time function.
+Every rank holds all experts of a Mixture-of-Experts model whatever `moe_expert_parallel_size`
+says (`WholeExperts`): the reader joins the expert-parallel slices of any checkpoint, and no
+expert all-to-all couples the data-parallel replicas, which decode different prompts and
+stop at different steps.
 """
 
 from __future__ import annotations
@@ -60,6 +64,19 @@ def inference_device_and_dtype(cfg) -> tuple[torch.device, torch.dtype]:
     return torch.device(get_accelerator().current_device_name()), DTYPES[cfg.precision.dtype]
 
 
+class WholeExperts:
+    """`topology` seen without expert parallelism (module docstring): `build_model` then
+    gives every rank all the experts."""
+
+    ep_group = None
+
+    def __init__(self, topology):
+        self._topology = topology
+
+    def __getattr__(self, name):
+        return getattr(self._topology, name)
+
+
 class InferenceModel:
     """This rank's stage of the model, its topology, and the stage-to-stage forward."""
 
@@ -99,7 +116,7 @@ class InferenceModel:
                 "language model; export it with tools/convert_to_hf.py (a "
                 "...ForSequenceClassification) to score texts"
             )
-        module = build_model(cfg, topology)
+        module = build_model(cfg, WholeExperts(topology))
         device, dtype = inference_device_and_dtype(cfg)
         load_weights(module, path, topology)
         module.to(device=device, dtype=dtype)

@@ -112,3 +112,52 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(family, tmp_pat
         assert record["tokens"] == their_greedy_tokens(hf, prompt, eod), record["context"]
     if "sliding_window" in FAMILIES[family][1]:  # some sample ran past the window
         assert max(len(r["prompt_tokens"]) + len(r["tokens"]) for r in records) > WINDOW + 2
+
+
+def test_mixtral_imported_at_expert_parallel_2_generates_transformers_greedy_tokens(tmp_path):
+    """Mixtral through `convert_from_hf.py --expert-parallel-size 2` at (tp=2, pp=2): DeepSpeed's
+    files hold experts 0-1, `expert_states_pp*_ep1.pt` experts 2-3; `generate.py` on 2 ranks
+    with the import's `moe_expert_parallel_size: 2` (data-parallel 2, tp = pp = 1 to keep it to
+    two processes) reads the slices back whole and gives transformers' greedy tokens."""
+    from megatron.data.tokenizers import make_tokenizer
+    from tools import convert_from_hf
+
+    hf = random_hf_model("mixtral", tmp_path / "hf")
+    ours = tmp_path / "ours"
+    argv = ["--hf", str(tmp_path / "hf"), "--output", str(ours), "--model-parallel-size", "2",
+            "--pipe-parallel-size", "2", "--expert-parallel-size", "2"]  # fmt: skip
+    assert convert_from_hf.main(argv) == 0
+    step0 = ours / "global_step0"
+    assert sorted(p.name for p in step0.glob("expert_states_*")) == [
+        "expert_states_pp0_ep1.pt",
+        "expert_states_pp1_ep1.pt",
+    ]
+    prompts, samples = tmp_path / "prompts.txt", tmp_path / "samples.jsonl"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    port = free_port()
+    imported = json.loads((ours / "hf_import.yml").read_text())  # JSON is YAML
+    assert imported["moe_expert_parallel_size"] == 2
+    config = dict(
+        imported,
+        model_parallel_size=1,
+        pipe_parallel_size=1,
+        num_gpus=2,
+        master_port=port,
+        train_micro_batch_size_per_gpu=1,
+        text_gen_type="input-file",
+        sample_input_file=str(prompts),
+        sample_output_file=str(samples),
+        maximum_tokens=NEW,
+        temperature=0.0,
+    )
+    try:
+        deepy("generate.py", config, tmp_path)
+    finally:  # DeepSpeed's CPU all-reduce leaves its shared-memory buffers behind on exit
+        for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"):
+            leftover.unlink(missing_ok=True)
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert [r["context"] for r in records] == PROMPTS
+    eod = make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER)).eod
+    for record in records:
+        prompt = record["prompt_tokens"]
+        assert record["tokens"] == their_greedy_tokens(hf, prompt, eod), record["context"]
