@@ -2,8 +2,10 @@
 (SIGKILL, whole process group) after its step-3 checkpoint; resumed from its `latest` at 1
 rank and at 4 ranks (tp2 x dp2) with the same config otherwise, the pre-flight refuses each
 before launch and names the `tools/reshard.py` command. The test runs that command as a user
-would (filling in the output folder), loads the result with ZeRO stage 0 as the refusal says,
-and each run continues after step 3, with the converted optimizer state, and finishes.
+would (filling in the output folder) and loads the result at the ZeRO stage the refusal names
+(the config's own stage 1 here, through DeepSpeed's universal-checkpoint loader); each run
+continues after step 3 with the converted optimizer state and finishes, and the two agree at
+the same global batch.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ RUN = dict(
     zero_optimization={"stage": 1},
 )
 COMMAND = re.compile(
-    r"python (tools/reshard\.py --checkpoint \S+ --output <new folder> [^\n]*?)"
-    r" and load the new folder"
+    r"python (tools/reshard\.py --checkpoint \S+ --output <new folder> [^\n]*?) and load the "
+    r"new folder with zero_optimization stage (\d)"
 )
 
 
@@ -111,22 +113,23 @@ def _losses(folder: Path) -> dict[int, float]:
     return {r["iteration"]: r["loss"] for r in records if "split" not in r and "loss" in r}
 
 
-def _resume_as_a_user(folder: Path, killed: Path, **layout) -> str:
-    """Resume `killed` at `layout`; when the pre-flight refuses and names the reshard
-    command, run it into `folder`/ckpt and resume from there with ZeRO stage 0."""
+def _resume_as_a_user(folder: Path, killed: Path, **layout) -> tuple[int, str]:
+    """Resume `killed` at `layout`; when the pre-flight refuses and names the reshard command
+    and ZeRO stage, run that command into `folder`/ckpt and resume from there at that stage.
+    Returns (the stage, the resumed run's output)."""
     code, out = _deepy(folder, load=str(killed), **layout)
     assert code == 2, out[-4000:]  # refused before launch
     assert "launching" not in out and not (folder / "logs").exists()
-    command = COMMAND.search(" ".join(out.split()))
-    assert command, out[-4000:]
-    argv = shlex.split(command.group(1).replace("<new folder>", str(folder / "ckpt")))
+    found = COMMAND.search(" ".join(out.split()))
+    assert found, out[-4000:]
+    command, stage = found.group(1), int(found.group(2))
+    argv = shlex.split(command.replace("<new folder>", str(folder / "ckpt")))
     done = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "optimizer state: converted from ZeRO stage 1" in done.stdout, done.stdout
-    stage0 = {"zero_optimization": {"stage": 0}}
-    code, out = _deepy(folder, **{**layout, **stage0})
+    code, out = _deepy(folder, **{**layout, "zero_optimization": {"stage": stage}})
     assert code == 0, out[-4000:]
-    return out
+    return stage, out
 
 
 def test_a_run_killed_at_2_ranks_resumes_at_1_and_4_ranks(tmp_path):
@@ -137,11 +140,11 @@ def test_a_run_killed_at_2_ranks_resumes_at_1_and_4_ranks(tmp_path):
     for ranks, tp, accumulation in ((1, 1, 4), (4, 2, 2)):
         folder = tmp_path / f"ranks{ranks}"
         layout = dict(num_gpus=ranks, model_parallel_size=tp)
-        out = _resume_as_a_user(
+        stage, out = _resume_as_a_user(
             folder, killed / "ckpt", gradient_accumulation_steps=accumulation, **layout
         )
         world = f"world {ranks} = data {ranks // tp} × pipeline 1 (pipeline engine) × tensor {tp}"
-        assert f"{world}; ZeRO stage 0" in out, out[-3000:]
+        assert f"{world}; ZeRO stage {stage}" in out, out[-3000:]
         assert "layout changed from (tp,pp,dp)=(1,1,2)" in out, out[-3000:]
         losses[ranks] = _losses(folder)
         assert sorted(losses[ranks]) == list(range(4, 13)), ranks  # continued after step 3
