@@ -6,10 +6,11 @@
 | `schema`          | each parameter's full shape and tensor-parallel split (from the model) |
 | `reader`          | `CheckpointReader`: full weights, engine and trainer state             |
 | `writer`          | `write_checkpoint`: full weights (+ optimizer) at a target layout      |
+| `experts`         | experts cut into / joined from expert-parallel slices (any ep)         |
 | `stages`          | pipeline stage bounds, optimizer parameter numbering per stage         |
 | `optimizer_state` | ZeRO-0 optimizer state by name, merged and re-split                    |
 | `zero_state`      | ZeRO 1-3 optimizer state by name, from DeepSpeed's flat partitions     |
-| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=, zero_stage=)`: any layout/ZeRO |
+| `reshard`         | `reshard_checkpoint(src, dst, tp=, pp=, zero_stage=, ep=)`: any layout |
 | `universal`       | DeepSpeed's universal layout (`zero/`), for ZeRO 1-3 targets at any dp |
 | `master_weights`  | fp32 master weights from ZeRO 1-3 partitions (bf16 runs, ZeRO-3 at tp>1) |
 | `hf_export`       | `export_hf`: GPTNeoXForCausalLM / LlamaForCausalLM directory           |
