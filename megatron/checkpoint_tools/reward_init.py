@@ -92,6 +92,7 @@ def init_reward_model(checkpoint, rm_cfg, output, *, overwrite: bool = False) ->
         iteration=0,
         config_dict=rm_cfg.to_dict(),
         overwrite=overwrite,
+        ep=rm_cfg.moe.moe_expert_parallel_size,  # experts sliced as the run will load them
     )
     head = next(iter(fresh_value_head(rm_args)))
     return RewardInitResult(folder, len(state) - 1, dropped, head)
