@@ -6,8 +6,8 @@ Per family (one deepy run each, the smallest model that still shows its variant)
 a sliding window shorter than prompt + output (the cache must slide), Qwen2 with q/k/v-only
 biases, Qwen3 with QK-norm, `head_dim` != hidden / heads and a window, Mixtral with 4 experts,
 top-2 routing and a window. The model goes through `tools/convert_from_hf.py` at (2, 2) and
-its `hf_import.yml`, as a user's would. Logits within 1e-5 of transformers' at that layout are
-checked in tests/unit/tools/test_hf_families.py and test_hf_mixtral.py.
+its `hf_import.yml`, as a user's would. Logits within 1e-5 of transformers' from the split
+model at that layout: tests/parallel/test_hf_families_tp2_pp2.py.
 """
 
 from __future__ import annotations
