@@ -83,6 +83,11 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
         )
     if p.train_impl == "rm":
         _require_reward_labels(cfg.data, impl)
+    if p.train_impl in ("dpo", "kto") and cfg.moe.moe_expert_parallel_size > 1:
+        raise ConfigError(
+            f"{impl} with moe_expert_parallel_size > 1 is not built: the reference engine's "
+            "expert slices are not verified at expert parallelism; set moe_expert_parallel_size: 1"
+        )
     micro = cfg.training.train_micro_batch_size_per_gpu
     if p.train_impl == "kto" and (micro or 0) % 2:
         raise ConfigError(

@@ -17,7 +17,8 @@ neg_train_data_paths: [{d}/neg]
 
 
 def _load(write, text):
-    return load_config([write("run.yml", MINIMAL + text)], warn=[], vocab_size=100)
+    files = [write("run.yml", MINIMAL + text)]
+    return load_config(files, warn=[], vocab_size=100, world_size=2)
 
 
 def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
@@ -39,6 +40,11 @@ def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
         ("train_impl: dpo\nz_loss: 0.1\n", r"z_loss \(in .*run.yml\) .*set z_loss: 0"),
         ("dpo_reference_free: true\n", r"dpo_reference_free .*applies to train_impl: dpo only"),
         ("train_impl: ppo\n", r"train_impl"),
+        (
+            "train_impl: kto\ntrain_data_paths: [a]\ntrain_reward_data_paths: [b]\n"
+            "moe_num_experts: 4\nmoe_expert_parallel_size: 2\nnum_gpus: 2\n",
+            r"moe_expert_parallel_size > 1 is not built",
+        ),
     ],
 )
 def test_objectives_without_what_they_need_are_refused(write, text, message):
