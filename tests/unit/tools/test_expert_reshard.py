@@ -5,7 +5,8 @@
   every full tensor equal, and to the source's ep by default;
 - a file the writer gives expert-parallel rank 1 is read by the training loop's own loader
   (`moe_checkpoint.ExpertCheckpoint.load`): rank 1 gets experts 2-3 and their Adam moments;
-- sizes the model cannot take, and ZeRO targets at ep > 1, are refused by name;
+- sizes the model cannot take, ZeRO targets at ep > 1, an ep for a model without experts
+  (`convert_from_hf.py`) are refused by name;
 - `tools/inspect_checkpoint.py` shows the saved ep and, asked about a resume at ep 1, names
   the reshard command.
 """
@@ -137,3 +138,24 @@ def test_inspect_shows_the_expert_parallel_size_and_the_reshard_to_another(ep2, 
     assert "resume      reshard:" in out and "--expert-parallel-size 1 --zero-stage 0" in out
     assert inspect_checkpoint.main([*argv, "--resume-at", "tp=2,pp=2,dp=2,zero=0"]) == 0
     assert "resume      direct" in capsys.readouterr().out  # ep: the saved one
+
+
+def test_expert_parallel_import_of_a_model_without_experts_is_refused(tmp_path):
+    import transformers
+
+    from tools import convert_from_hf
+
+    sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                 intermediate_size=48, max_position_embeddings=16)  # fmt: skip
+    config = transformers.MistralConfig(**sizes)
+    transformers.MistralForCausalLM(config).save_pretrained(tmp_path / "hf")
+    argv = ["--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "ours")]
+    with pytest.raises(ValueError, match="--expert-parallel-size 2: mistral has no experts"):
+        convert_from_hf.main([*argv, "--expert-parallel-size", "2"])
+
+
+def test_writer_refuses_files_of_another_ep_than_the_recorded_config(ep2, tmp_path):
+    reader = CheckpointReader(ep2 / "ep2")
+    with pytest.raises(ValueError, match="moe_expert_parallel_size 2, the files are written for 1"):
+        write_checkpoint(tmp_path, schema=reader.schema, state=reader.state_dict(), tp=1, pp=1,
+                         iteration=0, config_dict=reader.cfg.to_dict())  # fmt: skip
