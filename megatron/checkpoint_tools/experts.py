@@ -48,6 +48,9 @@ def check_expert_parallel(schema: ModelSchema, ep: int) -> None:
 
 
 def _cut(name: str, value, ep: int, rank: int):
+    """Rank `rank`'s contiguous experts `rank * E/ep ..` of an expert tensor (`moe.py`'s
+    `Experts.first`); other values copied (a step tensor each: torch counts a shared one once
+    per parameter)."""
     if ep == 1 or not is_expert_name(name) or not torch.is_tensor(value) or value.dim() == 0:
         return value.clone() if torch.is_tensor(value) else value
     return value.chunk(ep, dim=0)[rank].clone()
