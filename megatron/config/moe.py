@@ -80,8 +80,10 @@ class MoEConfig:
     """Ranks the experts are sharded over: groups of this many data-parallel ranks (it must
     divide the data-parallel size and the number of experts). Above 1, each rank holds
     `moe_num_experts / moe_expert_parallel_size` experts of every MoE layer; it combines with
-    tensor and pipeline parallelism and checkpoints (resumed at the same value); ZeRO stages
-    1-3, bf16 on the pipeline engine and the optimizers Distro and OneBitAdam are refused."""
+    tensor and pipeline parallelism, ZeRO stages 1 and 2 (each expert's weights, gradients
+    and optimizer state partitioned over the ranks holding that expert) and checkpoints
+    (resumed at the same value); ZeRO-3, bf16 on the pipeline engine and the optimizers Distro
+    and OneBitAdam are refused."""
 
     enable_expert_tensor_parallelism: bool = False
     """Shard each expert over the tensor-parallel ranks. Not built: experts are whole on each
@@ -151,12 +153,20 @@ def _validate_expert_parallel(cfg, ep: int) -> None:
     """Refuse what `moe_expert_parallel_size > 1` does not support (see the field's docstring)."""
     stage = cfg.parallel.zero_stage
     _check(
-        stage == 0,
-        f"moe_expert_parallel_size {ep} with zero_optimization.stage {stage} is not built: "
-        "DeepSpeed's ZeRO partitions each parameter group over the whole data-parallel group "
-        "and only treats its own MoE layers' experts apart; use zero_optimization.stage 0 "
-        "or moe_expert_parallel_size 1",
+        stage != 3,
+        f"moe_expert_parallel_size {ep} with zero_optimization.stage 3 is not built: "
+        "DeepSpeed's ZeRO-3 partitions every parameter over the whole data-parallel group "
+        "(it keeps experts apart only for its own AutoEP layers), which would mix different "
+        "experts; use zero_optimization.stage 1 or 2, or moe_expert_parallel_size 1",
     )
+    zero = cfg.parallel.zero_optimization or {}
+    for key in ("reduce_scatter",) + (("contiguous_gradients",) if stage == 2 else ()):
+        _check(
+            stage == 0 or zero.get(key, True) is not False,
+            f"moe_expert_parallel_size {ep} with zero_optimization.{key} false is not built: "
+            f"DeepSpeed's ZeRO-{stage} reduces expert gradients only with it on; remove "
+            f"zero_optimization.{key} or set it to true",
+        )
     _check(
         not (cfg.parallel.pipe_parallel_size >= 1 and cfg.precision.dtype == "bf16"),
         f"moe_expert_parallel_size {ep} with bf16 on the pipeline engine is not built: "

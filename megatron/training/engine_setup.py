@@ -20,7 +20,11 @@ from megatron.training.fp16_scaler import install_loss_scaler
 from megatron.training.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
 from megatron.training.model_setup import build_model_for_engine
-from megatron.training.moe_grads import install_expert_grad_reduction, register_expert_groups
+from megatron.training.moe_grads import (
+    install_expert_grad_reduction,
+    register_expert_groups,
+    zero_partitions_experts,
+)
 from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optimizers import build_optimizer_from_config, check_parameter_shapes
 
@@ -53,13 +57,14 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     register_expert_groups(topology)  # before initialize: it broadcasts experts over them
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=ds_config,
-        mpu=None if pipeline else topology,
-    )
+    with zero_partitions_experts(cfg.parallel.zero_stage):
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            mpu=None if pipeline else topology,
+        )
     check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
     if isinstance(optimizer, OneBitAdam | Distro):  # they replace the gradient all-reduce
         optimizer.attach_engine(engine, topology.dp_group)

@@ -15,6 +15,11 @@ rank, so one file serves them all). Every rank of expert-parallel rank r > 0 res
 slice from that file after DeepSpeed's load (which gave it rank 0's experts), so each expert
 is saved once and a resume at the same layout is exact.
 
+Under ZeRO-1/2 (`moe_grads.py::expert_param_groups`) the experts' fp32 weights and optimizer
+state are partitions of DeepSpeed's MoE parameter groups, which every rank writes to its own
+`zero_pp_rank_*` file and reads back at the same layout; the files here then carry the expert
+weights only (the base optimizer's state is keyed by those partitions, not by parameters).
+
 A checkpoint is resumed at the expert-parallel size it was saved with: another size is
 refused before anything is loaded (`check_expert_layout`), since the expert tensors would
 not match and `tools/reshard.py` does not convert between expert-parallel sizes.

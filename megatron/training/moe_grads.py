@@ -17,8 +17,20 @@ expert gradient is summed over the expert-data-parallel group (the ranks holding
 experts) and divided by the data-parallel size, since it already sums the contributions of
 its expert-parallel group's tokens. This is the dense model's data-parallel average and
 DeepSpeed's `_reduce_expert_gradients` rule. It covers the engines without ZeRO (the config
-refuses ZeRO, the pipeline engine's bf16 optimizer and the optimizers with their own
+refuses ZeRO-3, the pipeline engine's bf16 optimizer and the optimizers with their own
 exchange at `moe_expert_parallel_size > 1`).
+
+Under ZeRO stages 1 and 2 DeepSpeed's optimizer does the expert work itself once it is told
+which parameter groups are experts: `expert_param_groups` moves the experts into DeepSpeed's
+MoE parameter groups (`moe: True`, `name`: the expert group name; DeepSpeed's own
+`split_params_into_different_moe_groups_for_optimizer`), and `zero_partitions_experts`
+builds the ZeRO optimizer with `has_moe_layers` on (the engine's flag stays off, so the
+checkpoints stay ours). That optimizer partitions each expert group over the
+expert-data-parallel group instead of the data-parallel group, reduces its gradients there
+after dividing by the data-parallel size (the same rule), and sums the gradient norm over
+the data-parallel group, whose partitions together hold every expert once. Its per-rank
+`zero_pp_rank_*` files then hold each rank's own expert partitions of the fp32 weights and
+optimizer state.
 
 `prepare_moe_step` gives the router losses the engine's gradient-accumulation scale, and
 `moe_loss_record` reads their values for the log (summed over layers and pipeline stages,
@@ -26,6 +38,8 @@ averaged over forwards and data-parallel ranks).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -78,11 +92,63 @@ def _dense_gradients(model) -> list[torch.Tensor]:
     return grads
 
 
+# The ZeRO stages whose optimizer (`DeepSpeedZeroOptimizer`) keeps MoE parameter groups apart.
+ZERO_EXPERT_STAGES = (1, 2)
+
+
+def _is_moe_param(p) -> bool:
+    return getattr(p, "expert_parallel", False) and getattr(p, "allreduce", True) is False
+
+
+def expert_param_groups(groups: list[dict], zero_stage: int) -> list[dict]:
+    """`groups` with the experts moved into DeepSpeed's MoE parameter groups under ZeRO-1/2
+    (module docstring); unchanged otherwise or without expert parallelism."""
+    if zero_stage not in ZERO_EXPERT_STAGES or not any(
+        _is_moe_param(p) for g in groups for p in g["params"]
+    ):
+        return groups
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    split = split_params_into_different_moe_groups_for_optimizer([dict(g) for g in groups])
+    return [g for g in split if g["params"]]  # DeepSpeed rejects empty groups
+
+
+@contextmanager
+def zero_partitions_experts(zero_stage: int):
+    """Around `deepspeed.initialize`: build a ZeRO-1/2 optimizer whose parameter groups hold
+    experts (`expert_param_groups`) with DeepSpeed's MoE handling on.
+
+    DeepSpeed turns that handling on only when the engine found its own MoE modules
+    (`has_moe_layers`), a flag that also switches the engine's checkpoints to files of those
+    modules; it is therefore set for the optimizer's construction alone.
+    """
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    original = DeepSpeedEngine._configure_zero_optimizer
+
+    def configure(engine, optimizer):
+        found = engine.has_moe_layers
+        groups = getattr(optimizer, "param_groups", [])
+        engine.has_moe_layers = found or any(g.get("moe") for g in groups)
+        try:
+            return original(engine, optimizer)
+        finally:
+            engine.has_moe_layers = found
+
+    if zero_stage in ZERO_EXPERT_STAGES:
+        DeepSpeedEngine._configure_zero_optimizer = configure
+    try:
+        yield
+    finally:
+        DeepSpeedEngine._configure_zero_optimizer = original
+
+
 def install_expert_grad_reduction(engine, model, topology) -> None:
     """Replace the engine's gradient reduction by a dense one plus the expert one (module
-    docstring); nothing changes at `ep = 1`, where experts are ordinary replicated params."""
+    docstring); nothing changes at `ep = 1`, where experts are ordinary replicated params,
+    nor under ZeRO, whose optimizer reduces the experts' gradients itself."""
     params = expert_parameters(model)
-    if not params or topology.ep_size == 1:
+    if not params or topology.ep_size == 1 or engine.zero_optimization_stage() > 0:
         return
 
     def allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE):

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from megatron.config.optimizer_engines import PER_PARAMETER_OPTIMIZERS
+from megatron.training.moe_grads import expert_param_groups
 from megatron.training.optim import MADGRAD, SM3, Distro, Lion, OneBitAdam
 
 
@@ -149,7 +150,7 @@ def build_optimizer(
 def build_optimizer_from_config(cfg, model: torch.nn.Module):
     """(optimizer, parameter groups) for `deepspeed.initialize`."""
     o = cfg.optimizer
-    groups = param_groups(model, o.weight_decay)
+    groups = expert_param_groups(param_groups(model, o.weight_decay), cfg.parallel.zero_stage)
     optimizer = build_optimizer(
         groups, o.optimizer_type, o.lr, o.weight_decay, o.optimizer_params or {}
     )

@@ -225,9 +225,18 @@ EP2 = "moe_expert_parallel_size=2"
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (['zero_optimization={"stage": 1}'], "moe_expert_parallel_size 2 with zero_optimization"),
-        (['zero_optimization={"stage": 2}', "pipe_parallel_size=0"], "stage 2 is not built"),
         (['zero_optimization={"stage": 3}', "pipe_parallel_size=0"], "stage 3 is not built"),
+        (
+            ['zero_optimization={"stage": 1, "reduce_scatter": false}'],
+            "zero_optimization.reduce_scatter false is not built",
+        ),
+        (
+            [
+                'zero_optimization={"stage": 2, "contiguous_gradients": false}',
+                "pipe_parallel_size=0",
+            ],
+            "zero_optimization.contiguous_gradients false is not built",
+        ),
         (["precision=bf16"], "with bf16 on the pipeline engine is not built"),
         (['optimizer={"type": "OneBitAdam", "params": {"lr": 0.001}}'], "type OneBitAdam"),
     ],
@@ -240,8 +249,16 @@ def test_expert_parallel_refuses_what_it_does_not_support(overrides, needle):
         load_config(["moe-small"], [EP2, *overrides], world_size=2, vocab_size=512)
 
 
-@pytest.mark.parametrize("overrides", [[], ["pipe_parallel_size=0", "precision=bf16"]])
-def test_expert_parallel_is_accepted_without_zero(overrides):
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["pipe_parallel_size=0", "precision=bf16"],
+        ['zero_optimization={"stage": 1}'],
+        ['zero_optimization={"stage": 2}', "pipe_parallel_size=0", "precision=bf16"],
+    ],
+)
+def test_expert_parallel_is_accepted_without_zero_and_with_zero_1_2(overrides):
     from megatron.config import load_config
 
     cfg = load_config(["moe-small"], [EP2, *overrides], world_size=4, vocab_size=512)
