@@ -50,3 +50,14 @@ def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
 def test_objectives_without_what_they_need_are_refused(write, text, message):
     with pytest.raises(ConfigError, match=message):
         _load(write, text)
+
+
+def test_the_small_sft_and_dpo_examples_resolve():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    sft = load_config([root / "configs/sft-small.yml"], warn=[])
+    dpo = load_config([root / "configs/dpo-small.yml"], warn=[])
+    assert sft.data.train_label_data_paths and sft.post_training.train_impl == "normal"
+    assert dpo.post_training.train_impl == "dpo" and dpo.checkpointing.finetune
+    assert dpo.checkpointing.load == sft.checkpointing.save  # DPO starts from the SFT run
