@@ -22,7 +22,7 @@ weights only (the base optimizer's state is keyed by those partitions, not by pa
 
 A checkpoint is resumed at the expert-parallel size it was saved with: another size is
 refused before anything is loaded (`check_expert_layout`), since the expert tensors would
-not match and `tools/reshard.py` does not convert between expert-parallel sizes.
+not match; `tools/reshard.py --expert-parallel-size N` converts between sizes.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def check_expert_layout(folder: Path, ep_size: int) -> None:
     if saved != ep_size:
         raise ValueError(
             f"{folder} was saved with {EP_KEY} {saved}, this run has {ep_size}: the expert "
-            f"tensors of each rank would not match, and tools/reshard.py does not convert "
-            f"between expert-parallel sizes; resume with {EP_KEY}: {saved}"
+            f"tensors of each rank would not match; resume with {EP_KEY}: {saved}, or convert "
+            f"it first: python tools/reshard.py --checkpoint {folder.parent} --output NEW_DIR "
+            f"--model-parallel-size TP --pipe-parallel-size PP --expert-parallel-size {ep_size}"
         )
 
 
