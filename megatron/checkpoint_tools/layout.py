@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron.training.checkpointing import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
+from megatron.training.checkpoint_folders import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
     COMPLETE,
     CONFIG_FILE,
     LATEST,

@@ -36,7 +36,7 @@ from megatron.checkpoint_tools.experts import (
 from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
-from megatron.training.checkpointing import (
+from megatron.training.checkpoint_folders import (
     CONFIG_FILE,
     TRAINER_STATE,
     mark_complete,

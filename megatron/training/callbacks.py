@@ -13,8 +13,9 @@ import logging
 import torch
 import torch.distributed as dist
 
+from megatron.training.checkpoint_folders import tag_for
 from megatron.training.checkpoint_policy import CheckpointPolicy, retire_temporaries
-from megatron.training.checkpointing import CheckpointIO, tag_for
+from megatron.training.checkpointing import CheckpointIO
 from megatron.training.loss_scaling import SkippedStepGuard, current_loss_scale
 from megatron.training.norms import parameter_norms
 

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.config.checkpointing import CheckpointTier, parse_checkpoint_keep
-from megatron.training.checkpointing import SaveSchedule, temporary_checkpoints
+from megatron.training.checkpoint_folders import temporary_checkpoints
+from megatron.training.checkpointing import SaveSchedule
 
 log = logging.getLogger(__name__)
 

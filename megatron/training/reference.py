@@ -28,7 +28,8 @@ import copy
 
 import torch
 
-from megatron.training.checkpointing import CheckpointIO, resume_tag
+from megatron.training.checkpoint_folders import resume_tag
+from megatron.training.checkpointing import CheckpointIO
 
 
 def reference_ds_config(ds_config: dict, zero_stage: int) -> dict:

@@ -94,7 +94,7 @@ def final_summary(cfg, result, *, started_at: int, train_iters: int, seconds: fl
     `result` is pretrain's `TrainResult`; `started_at` the iteration the run resumed from;
     `seconds` the time since the first step (evaluations included).
     """
-    from megatron.training.checkpointing import read_latest
+    from megatron.training.checkpoint_folders import read_latest
     from megatron.training.loggers.console import format_duration
 
     tokens = (result.iteration - started_at) * cfg.training.train_batch_size * cfg.model.seq_length

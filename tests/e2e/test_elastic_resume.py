@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.checkpointing import read_latest
+from megatron.training.checkpoint_folders import read_latest
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from megatron.training.checkpointing import PERMANENT, read_latest
+from megatron.training.checkpoint_folders import PERMANENT, read_latest
 from tests.distributed import run_distributed
 from tests.unit.training.tiny_run import resolve, tiny_settings
 

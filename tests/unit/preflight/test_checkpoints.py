@@ -16,7 +16,6 @@ from megatron.config import config_from_dict
 from megatron.model import ModelArgs
 from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.preflight import checkpoints as check
-from megatron.training import checkpointing
 
 TINY = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
@@ -60,12 +59,6 @@ def load_findings(load, script="train.py", world_size=1, **keys):
 
 def levels(findings):
     return [f.level for f in findings]
-
-
-def same_as_the_loader(load) -> None:
-    """The pre-flight checks the folder `CheckpointIO.load` would resume."""
-    folder, _ = check.resume_folder(load)
-    assert folder.name == checkpointing.resume_tag(load)
 
 
 def test_same_model_passes(tmp_path):
@@ -138,7 +131,6 @@ def test_latest_naming_a_missing_folder(tmp_path):
         "which is missing; resuming from the newest complete checkpoint, 'global_step4'"
         in found[0].message
     )
-    same_as_the_loader(tmp_path)
 
 
 def test_latest_naming_a_partial_folder(tmp_path):
@@ -150,11 +142,9 @@ def test_latest_naming_a_partial_folder(tmp_path):
     assert "which is partial; resuming from the newest complete checkpoint, 'global_step2'" in (
         found[0].message
     )
-    same_as_the_loader(tmp_path)
     shutil.rmtree(tmp_path / "global_step2")
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK] and "the loader trusts it" in found[0].message
-    same_as_the_loader(tmp_path)
 
 
 def test_a_folder_without_trainer_state_needs_finetune(tmp_path):
@@ -172,7 +162,6 @@ def test_a_newer_temporary_checkpoint_is_resumed_as_the_loader_does(tmp_path):
     found = load_findings(tmp_path)
     assert levels(found) == [WARNING, OK]
     assert "from the newest complete checkpoint, 'global_step3_temporary'" in found[0].message
-    same_as_the_loader(tmp_path)
 
 
 def test_another_expert_parallel_size_is_refused_and_the_named_reshard_fixes_it(tmp_path):

@@ -11,17 +11,16 @@ import pytest
 from megatron.config.checkpointing import parse_checkpoint_keep
 from megatron.config.schema import ConfigError
 from megatron.training.callbacks import CheckpointCallback
-from megatron.training.checkpoint_policy import CheckpointPolicy, retire_temporaries
-from megatron.training.checkpointing import (
+from megatron.training.checkpoint_folders import (
     COMPLETE,
     PERMANENT,
-    CheckpointIO,
-    SaveSchedule,
     prune_checkpoints,
     read_latest,
     resume_tag,
     write_latest,
 )
+from megatron.training.checkpoint_policy import CheckpointPolicy, retire_temporaries
+from megatron.training.checkpointing import CheckpointIO, SaveSchedule
 from tests.unit.training.test_checkpointing import FakeEngine, _Loop
 
 
@@ -163,7 +162,7 @@ def test_resume_takes_latest_else_the_newest_complete_of_either_kind(tmp_path, c
     write_latest(tmp_path, "global_step8_temporary")
     assert resume_tag(tmp_path) == "global_step8_temporary"
     write_latest(tmp_path, "global_step10")  # e.g. copied without its marker
-    with caplog.at_level(logging.WARNING, logger="megatron.training.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="megatron.training.checkpoint_folders"):
         assert resume_tag(tmp_path) == "global_step8_temporary"
         assert "global_step10', which is partial" in caplog.text
         write_latest(tmp_path, "global_step12")

@@ -13,18 +13,15 @@ import pytest
 import torch
 
 from megatron.training.callbacks import CheckpointCallback
-from megatron.training.checkpoint_policy import CheckpointPolicy
-from megatron.training.checkpointing import (
+from megatron.training.checkpoint_folders import (
     COMPLETE,
-    CheckpointIO,
-    SaveSchedule,
     list_checkpoints,
     prune_checkpoints,
     read_latest,
-    rng_state,
-    set_rng_state,
     write_latest,
 )
+from megatron.training.checkpoint_policy import CheckpointPolicy
+from megatron.training.checkpointing import CheckpointIO, SaveSchedule, rng_state, set_rng_state
 from megatron.training.disk_space import CheckpointSaveError
 
 

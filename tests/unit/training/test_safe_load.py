@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from megatron.checkpoint_tools import CheckpointReader
-from megatron.training.checkpointing import TRAINER_STATE, CheckpointIO, rng_state, write_latest
+from megatron.training.checkpoint_folders import TRAINER_STATE, write_latest
+from megatron.training.checkpointing import CheckpointIO, rng_state
 from megatron.training.safe_load import (
     FORCE_WEIGHTS_ONLY,
     UnsafeCheckpointError,
