@@ -76,6 +76,20 @@ def to_model_inputs(sample: dict, settings: BatchSettings):
     return (tokens, position_ids), (labels, loss_mask)
 
 
+def pair_inputs(sample: dict, settings: BatchSettings):
+    """`(tokens, position_ids, labels, loss_mask)` of a pairwise sample, each `(2b, s)`: the
+    chosen (`pos`, `pos_label`) rows, then the rejected (`neg`, `neg_label`) rows, so the two
+    halves of every pair travel in one micro-batch and meet in the loss on the last stage."""
+    halves = []
+    for side in ("pos", "neg"):
+        half = {"text": sample[side]}
+        if f"{side}_label" in sample:
+            half["label"] = sample[f"{side}_label"]
+        (tokens, positions), (labels, mask) = to_model_inputs(half, settings)
+        halves.append((tokens, positions, labels, mask))
+    return tuple(torch.cat(pair) for pair in zip(*halves, strict=True))
+
+
 class ModelBatches:
     """Iterator of model inputs over a loader iterator; counts the micro-batches it gave.
 

@@ -1,4 +1,8 @@
-"""Evaluation: mean loss and perplexity over `eval_iters` global batches of a split."""
+"""Evaluation: mean loss and perplexity over `eval_iters` global batches of a split.
+
+The perplexity is exp(loss) of the language-model objective only; a DPO, KTO or reward-model
+loss is no cross entropy, so its evaluations report no perplexity (None, left out of the
+record) but the objective's own metrics."""
 
 from __future__ import annotations
 
@@ -11,19 +15,16 @@ MAX_EXP = 700.0  # exp() of more overflows a float; such a perplexity is reporte
 @dataclass(frozen=True)
 class EvalResult:
     loss: float
-    perplexity: float
+    perplexity: float | None
     metrics: dict[str, float] = field(default_factory=dict)
     """The objective's metrics over the evaluation (DPO's rewards, margins, accuracy, ...)."""
 
     def record(self, iteration: int, split: str) -> dict:
         """The evaluation record the loggers take."""
-        return {
-            "iteration": iteration,
-            "split": split,
-            "loss": self.loss,
-            "perplexity": self.perplexity,
-            **self.metrics,
-        }
+        record = {"iteration": iteration, "split": split, "loss": self.loss}
+        if self.perplexity is not None:
+            record["perplexity"] = self.perplexity
+        return {**record, **self.metrics}
 
 
 def evaluate(steps, batches, eval_iters: int) -> EvalResult:
@@ -33,7 +34,9 @@ def evaluate(steps, batches, eval_iters: int) -> EvalResult:
     losses = [steps.eval_step(batches) for _ in range(eval_iters)]
     loss = sum(losses) / len(losses)
     metrics = steps.take_metrics() if hasattr(steps, "take_metrics") else {}
-    return EvalResult(loss, math.exp(min(loss, MAX_EXP)), metrics)
+    objective = getattr(steps, "objective", None)
+    lm = objective is None or objective.language_model
+    return EvalResult(loss, math.exp(min(loss, MAX_EXP)) if lm else None, metrics)
 
 
 class Evaluator:

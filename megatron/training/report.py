@@ -105,7 +105,8 @@ def final_summary(cfg, result, *, started_at: int, train_iters: int, seconds: fl
     losses = [f"train {result.losses[-1]:.4f} (last step)"] if result.losses else []
     for split, ev in (("valid", result.valid), ("test", result.test)):
         if ev is not None:
-            losses.append(f"{split} {ev.loss:.4f} (perplexity {ev.perplexity:.3f})")
+            ppl = f" (perplexity {ev.perplexity:.3f})" if ev.perplexity is not None else ""
+            losses.append(f"{split} {ev.loss:.4f}{ppl}")
     speed = f" ({tokens / seconds:,.0f} tokens/s)" if seconds > 0 else ""
     save = cfg.checkpointing.save
     tag = read_latest(save) if save else None

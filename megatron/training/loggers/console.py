@@ -77,9 +77,10 @@ class ConsoleLogger(MetricsLogger):
     def log_eval(self, record):
         known = ("iteration", "split", "loss", "perplexity")
         extras = "".join(f" | {k} {v:.4f}" for k, v in record.items() if k not in known)
+        ppl = f" | perplexity {record['perplexity']:.3f}" if "perplexity" in record else ""
         self._write(
             f"{record['split']} at iteration {record['iteration']} | loss "
-            f"{record['loss']:.4f} | perplexity {record['perplexity']:.3f}{extras}"
+            f"{record['loss']:.4f}{ppl}{extras}"
         )
 
     def log_text(self, text):

@@ -63,6 +63,8 @@ class Objective:
     name: ClassVar[str]
     pairwise: ClassVar[bool] = False
     metric_names: ClassVar[tuple[str, ...]] = ()
+    language_model: ClassVar[bool] = False
+    """Whether the loss is next-token cross entropy (only then is exp(loss) a perplexity)."""
 
     def __init__(self, cfg, tp_group=None):
         self.cfg = cfg

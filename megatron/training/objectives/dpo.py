@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.training.batches import to_model_inputs
+from megatron.training.batches import pair_inputs
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.logprobs import (
     require_keys,
@@ -48,10 +48,7 @@ class DPO(Objective):
 
     def model_inputs(self, sample, settings):
         require_keys(sample, ("pos", "neg"), "train_impl: dpo needs pairwise data")
-        chosen = self._half(sample, "pos", settings)
-        rejected = self._half(sample, "neg", settings)
-        # (2b, s) each: the chosen rows, then the rejected rows
-        tokens, positions, labels, mask = (torch.cat(pair) for pair in zip(chosen, rejected))
+        tokens, positions, labels, mask = pair_inputs(sample, settings)  # chosen, then rejected
         ref = torch.zeros(tokens.shape[0], dtype=torch.float32)
         if self.stored_ref:
             require_keys(sample, ("pos_ref", "neg_ref"), "precompute_model_name is set")
@@ -60,14 +57,6 @@ class DPO(Objective):
             )
             ref = stored_sequence_logps(stored, mask)
         return (tokens, positions), (labels, mask, ref)
-
-    @staticmethod
-    def _half(sample, side: str, settings):
-        half = {"text": sample[side]}
-        if f"{side}_label" in sample:
-            half["label"] = sample[f"{side}_label"]
-        (tokens, positions), (labels, mask) = to_model_inputs(half, settings)
-        return tokens, positions, labels, mask
 
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]

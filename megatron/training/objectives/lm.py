@@ -10,6 +10,7 @@ class LanguageModel(Objective):
     """Next-token cross entropy over the tokens the labels keep (label -100: no loss)."""
 
     name = "normal"
+    language_model = True
 
     def install(self, model) -> None:
         """The model already carries `loss_fn` bound to its group and `z_loss`."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.training.batches import to_model_inputs
+from megatron.training.batches import pair_inputs
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.logprobs import require_keys
 
@@ -81,15 +81,8 @@ class RewardModel(Objective):
     def model_inputs(self, sample: dict, settings):
         """Chosen then rejected rows, `(2b, s)` each: `((tokens, positions), (labels, mask))`."""
         require_keys(sample, ("pos", "neg"), "train_impl: rm needs pairwise data")
-        halves = []
-        for key in ("pos", "neg"):
-            half = {"text": sample[key]}
-            if f"{key}_label" in sample:
-                half["label"] = sample[f"{key}_label"]
-            halves.append(to_model_inputs(half, settings))
-        (pos_in, pos_loss), (neg_in, neg_loss) = halves
-        inputs = tuple(torch.cat(pair) for pair in zip(pos_in, neg_in))
-        return inputs, tuple(torch.cat(pair) for pair in zip(pos_loss, neg_loss))
+        tokens, positions, labels, mask = pair_inputs(sample, settings)
+        return (tokens, positions), (labels, mask)
 
     def loss(self, values: torch.Tensor, loss_inputs) -> torch.Tensor:
         """Loss of one micro-batch from the value head's `(2b, s)` outputs."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -122,3 +123,23 @@ def test_evaluate_and_evaluator():
     assert [(r["split"], r["loss"]) for r in loggers.records] == [("valid", 1.0), ("test", 2.0)]
     assert evaluator.last.loss == 1.0
     assert evaluator.run(7, "test", None) is None  # no test split
+
+
+def test_only_the_language_model_objective_reports_a_perplexity(make_config):
+    from megatron.training.loggers.console import ConsoleLogger
+    from megatron.training.objectives import OBJECTIVES
+
+    cfg = make_config(
+        train_impl="dpo", dataset_impl="pairwise", pack_impl="unpacked",
+        pos_train_data_paths=["p"], neg_train_data_paths=["n"],
+    )  # fmt: skip
+    steps = _Steps([0.5, 0.7])
+    steps.objective = OBJECTIVES["dpo"](cfg)
+    steps.take_metrics = lambda: {"reward_acc": 0.75}
+    result = evaluate(steps, iter(range(10)), eval_iters=2)
+    assert result.loss == pytest.approx(0.6) and result.perplexity is None
+    record = result.record(10, "valid")
+    assert "perplexity" not in record and record["reward_acc"] == 0.75
+    out = io.StringIO()
+    ConsoleLogger(stream=out).log_eval(record)
+    assert out.getvalue() == "valid at iteration 10 | loss 0.6000 | reward_acc 0.7500\n"
