@@ -124,20 +124,24 @@ def _latest_tag(save_dir: str | Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def prune_checkpoints(save_dir: str | Path, keep: int | None) -> list[Path]:
+def prune_checkpoints(save_dir: str | Path, keep: int | None, pinned=()) -> list[Path]:
     """Delete all but the newest `keep` complete `global_step{N}` checkpoints, never the one
-    `latest` names; partial, permanent and temporary folders are neither counted nor deleted.
-    Returns the folders deleted; one that cannot be deleted is reported with a warning naming
-    it and the error."""
+    `latest` names nor a folder in `pinned` (e.g. the starting checkpoint a DPO/KTO run's
+    reference model is loaded from again on resume); partial, permanent and temporary folders
+    are neither counted nor deleted. Returns the folders deleted; one that cannot be deleted
+    is reported with a warning naming it and the error."""
     if keep is None:
         return []
     if keep < 1:
         raise ValueError(f"keep_last_n_checkpoints must be >= 1 (or null), got {keep}")
     protected = _latest_tag(save_dir)
+    kept = {Path(p).resolve() for p in pinned}
     found = list_checkpoints(save_dir, complete_only=True)
     folders = [path for _, path in found if not (path / PERMANENT).is_file()]
     deleted = []
-    for path in (p for p in folders[:-keep] if p.name != protected):
+    for path in folders[:-keep]:
+        if path.name == protected or path.resolve() in kept:
+            continue
         try:
             shutil.rmtree(path)
         except OSError as err:

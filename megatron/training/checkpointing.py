@@ -29,7 +29,7 @@ import math
 import pickle
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,8 @@ class CheckpointIO:
     free_bytes: Callable[[Path], int] = free_bytes_at
     experts: Any = None
     """`moe_checkpoint.ExpertCheckpoint`: the expert slices DeepSpeed's files lack (ep > 1)."""
+    pinned: list[Path] = field(default_factory=list)
+    """Checkpoint folders `keep_last_n` never deletes (a reference model's starting weights)."""
 
     def _engine_save(self, tag: str) -> None:
         """DeepSpeed's save; with `save_optim` off, its optimizer states are left out (the
@@ -242,7 +244,7 @@ class CheckpointIO:
         if rank == 0:
             mark_complete(folder, tag)
             write_latest(self.save_dir, tag)
-            prune_checkpoints(self.save_dir, self.keep_last_n)
+            prune_checkpoints(self.save_dir, self.keep_last_n, self.pinned)
         _barrier()
         return folder
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -241,6 +242,8 @@ def pretrain(cfg) -> TrainResult:
     facts = {"layout": layout}
     if reference is not None:
         facts["reference"] = reference.load(cfg, loaded)
+        if facts["reference"]["tag"] is not None:  # a resume loads it again: never prune it
+            io.pinned.append(Path(facts["reference"]["load"]) / facts["reference"]["tag"])
     train_samples = train_samples_needed(train_iters, t.train_batch_size, loaded)
 
     datasets = build_datasets(cfg, train_iters, train_samples)

@@ -4,7 +4,9 @@ the unbroken run bit for bit (fp32, dropout on), reference model included.
 The policy starts from a language model's checkpoint (`finetune: true`), so the reference is
 that checkpoint's weights; the resumed run points `load` at its own checkpoints, whose trainer
 state records where the reference came from, so it must load the starting checkpoint again
-(not the policy's newer weights). Layouts: DPO at (pp2, dp2), KTO at (tp2, dp2) on the plain
+(not the policy's newer weights). The KTO runs save into the starting checkpoint's own folder
+with `keep_last_n_checkpoints: 1`, so pruning must spare the folder the reference reloads.
+Layouts: DPO at (pp2, dp2), KTO at (tp2, dp2) on the plain
 engine with ZeRO-1. Data: tiny character-level pairwise and reward datasets written here.
 """
 
@@ -103,8 +105,12 @@ def test_dpo_and_kto_resume_exactly_with_the_starting_reference(tmp_path):
         post = dict(data[name], data_path=None, load=str(start / "ckpt"), **layout)
         post.update(finetune=True, train_iters=6, eval_interval=6, eval_iters=1)
         runs.append(tiny_settings(tmp_path / name / "unbroken", **post))
-        runs.append(tiny_settings(tmp_path / name / "broken", exit_interval=3, **post))
-        resumed = dict(post, load=str(tmp_path / name / "broken" / "ckpt"), finetune=False)
+        broken = dict(post, exit_interval=3)
+        if name == "kto":  # saving where it started: keep_last_n must spare the reference's
+            broken.update(save=post["load"], keep_last_n_checkpoints=1)  # global_step2
+        runs.append(tiny_settings(tmp_path / name / "broken", **broken))
+        resumed = dict(broken, load=broken.get("save", str(tmp_path / name / "broken" / "ckpt")))
+        resumed.update(finetune=False, exit_interval=None)
         runs.append(tiny_settings(tmp_path / name / "broken", **resumed))
     results = run_distributed(_pretrain_all, 4, runs, timeout=1200)[0]
     for i, name in enumerate(layouts):

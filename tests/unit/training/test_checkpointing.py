@@ -70,6 +70,15 @@ def test_prune_keeps_newest_and_latest(tmp_path):
     assert prune_checkpoints(tmp_path, keep=None) == []
 
 
+def test_prune_never_deletes_a_pinned_folder(tmp_path):
+    # a DPO/KTO run saving where it started: its reference model reloads global_step5 on resume
+    _fake_checkpoints(tmp_path, [5, 10, 15])
+    write_latest(tmp_path, "global_step15")
+    deleted = prune_checkpoints(tmp_path, keep=1, pinned=[tmp_path / "global_step5"])
+    assert [p.name for p in deleted] == ["global_step10"]
+    assert [it for it, _ in list_checkpoints(tmp_path)] == [5, 15]
+
+
 def test_partial_folders_never_count_toward_keep_last_n(tmp_path):
     # 12 and 30: crashes mid-save (no completion marker); latest is 20
     _fake_checkpoints(tmp_path, [5, 10, 12, 15, 20, 30], partial=(12, 30))
