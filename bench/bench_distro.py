@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from queue import Empty
 
 import torch
 import torch.distributed as dist
@@ -109,8 +110,8 @@ def train_one(cfg, counter: ByteCounter) -> dict:
 
     real_steps = pretrain_module.engine_steps
 
-    def counted_steps(engine, topology):
-        steps = real_steps(engine, topology)
+    def counted_steps(*args, **kwargs):
+        steps = real_steps(*args, **kwargs)
         train_step = steps.train_step
 
         def counted_train_step(batches):
@@ -178,7 +179,16 @@ def run(args) -> dict:
     procs = [ctx.Process(target=_worker, args=(r, port, args, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=7200) for _ in procs)
+    results = {}
+    while len(results) < len(procs):  # a rank that dies reports nothing: do not wait forever
+        try:
+            rank, rows = queue.get(timeout=5)
+        except Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                codes = [p.exitcode for p in procs]
+                raise SystemExit(f"a rank failed (exit codes {codes}); see its traceback") from None
+            continue
+        results[rank] = rows
     for p in procs:
         p.join()
         if p.exitcode:
