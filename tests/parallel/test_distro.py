@@ -78,8 +78,8 @@ def _pretrain_runs(rank, world_size, runs):
     built = []
     real_build = pretrain_module.build_engine
 
-    def recording_build(cfg, topology, train_iters):  # the real one, remembered
-        parts = real_build(cfg, topology, train_iters)
+    def recording_build(cfg, topology, *args, **kwargs):  # the real one, remembered
+        parts = real_build(cfg, topology, *args, **kwargs)
         built.append((parts, topology))
         return parts
 
