@@ -87,7 +87,7 @@ def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] |
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return main(argv)
+        result = main(argv)
     except Exception as error:  # noqa: BLE001 - every failure is recorded and reported
         code = USER_ERROR_EXIT if is_user_error(error) else 1
         try:
@@ -96,6 +96,17 @@ def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] |
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    _close_process_group()
+    return result
+
+
+def _close_process_group() -> None:
+    """Tear the process group down before the interpreter exits: left to static destructors,
+    its communication threads can end the process with `terminate called without an active
+    exception` (exit status 250) after a finished run."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _stop(error: Exception, argv: list[str], code: int) -> None:
