@@ -42,9 +42,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="end each document with the EOD token (skipped if the tokenizer adds it)",
     )
+    add_run_options(p, "documents")
+    return p.parse_args(argv)  # fmt: skip
+
+
+def add_run_options(p: argparse.ArgumentParser, unit: str) -> None:
+    """The options every preprocessing tool shares: workers, progress, strictness and
+    GPT-NeoX's `--dataset-impl` (`unit`: what the progress lines count)."""
     p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
     p.add_argument(
-        "--log-interval", type=int, default=10_000, help="documents between progress lines"
+        "--log-interval", type=int, default=10_000, help=f"{unit} between progress lines"
     )
     p.add_argument("--strict", action="store_true", help="stop at the first bad record")
     p.add_argument(
@@ -53,7 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=["mmap"],
         help="accepted for GPT-NeoX compatibility; only mmap is written",
     )
-    return p.parse_args(argv)  # fmt: skip
 
 
 def main(argv=None) -> int:

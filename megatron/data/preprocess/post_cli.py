@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatron.data.preprocess.cli import add_run_options
 from megatron.data.preprocess.encoder import PreprocessError
 from megatron.data.preprocess.post_formats import POST_TRAINING_FORMATS
 from megatron.data.preprocess.post_training import (
@@ -68,15 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="completion: loss on the completion / assistant turns (default); "
         "eod: only on the final EOD token (GPT-NeoX's --for-rm)",
     )
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
-    p.add_argument("--log-interval", type=int, default=10_000, help="records per progress line")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    p.add_argument(
-        "--dataset-impl",
-        default="mmap",
-        choices=["mmap"],
-        help="accepted for GPT-NeoX compatibility; only mmap is written",
-    )
+    add_run_options(p, "records")
     return p.parse_args(argv)  # fmt: skip
 
 
