@@ -30,12 +30,11 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.distributed as dist
 
 from megatron.checkpoint_tools import CheckpointReader
 from megatron.checkpoint_tools.schema import resize_vocab
 from megatron.model import ModelArgs, build_model, load_full_state_dict
-from megatron.parallel.comm import all_gather_along
+from megatron.parallel.comm import all_gather_along, broadcast, recv, send
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +127,16 @@ class InferenceModel:
         header = [int(isinstance(output, tuple)), tensor.dim(), *tensor.shape]
         header += [0] * (HEADER_LEN - len(header))
         dst = self.topology.pp_ranks[self.topology.pp_rank + 1]
-        dist.send(torch.tensor(header, dtype=torch.long, device=self.device), dst)
-        dist.send(tensor.contiguous(), dst)
+        send(torch.tensor(header, dtype=torch.long, device=self.device), dst)
+        send(tensor.contiguous(), dst)
 
     def _recv(self, position_ids: torch.Tensor):
         src = self.topology.pp_ranks[self.topology.pp_rank - 1]
         header = torch.empty(HEADER_LEN, dtype=torch.long, device=self.device)
-        dist.recv(header, src)
+        recv(header, src)
         is_tuple, ndim, *shape = header.tolist()
         tensor = torch.empty(shape[:ndim], dtype=self.dtype, device=self.device)
-        dist.recv(tensor, src)
+        recv(tensor, src)
         return (tensor, position_ids) if is_tuple else tensor
 
     @torch.no_grad()
@@ -167,7 +166,7 @@ class InferenceModel:
         else:
             out = torch.empty(shape, dtype=dtype, device=self.device)
         if topo.pp_size * topo.tp_size > 1:
-            dist.broadcast(out, src, group=topo.get_model_parallel_group())
+            broadcast(out, src, topo.get_model_parallel_group())
         return out
 
 

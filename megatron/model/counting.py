@@ -9,7 +9,6 @@ rotary) both give 162,322,944.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs, choose
@@ -17,7 +16,7 @@ from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
 from megatron.model.norms import NORMS
 from megatron.parallel import is_tensor_parallel
-from megatron.parallel.comm import group_size
+from megatron.parallel.host_values import reduce_host
 
 
 def _norm_parameters(args: ModelArgs, dim: int) -> int:
@@ -116,24 +115,15 @@ def count_model_parameters(model: torch.nn.Module, topology=None) -> int:
 
     Collective over the model-parallel ranks (call it on every rank); see `owned_parameters`.
     Data-parallel replicas are not summed; expert shards are summed over the expert-parallel
-    group (gloo, CPU tensors).
+    group.
     """
     owned = owned_parameters(model, topology)
     local = sum(p.numel() for p in owned)
     if topology is None:
         return local
     experts = sum(p.numel() for p in owned if getattr(p, "expert_parallel", False))
-    if group_size(topology.ep_group) > 1:  # each expert-parallel rank holds other experts
-        ep_total = torch.tensor([experts], dtype=torch.int64)
-        dist.all_reduce(ep_total, group=topology.ep_group)
-        local += int(ep_total.item()) - experts
-    groups = [g for g in (topology.tp_group, topology.pp_group) if group_size(g) > 1]
-    if not groups:
-        return local
-    # NCCL reduces device tensors only; gloo CPU ones.
-    on_gpu = dist.get_backend(groups[0]) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
-    total = torch.tensor([local], dtype=torch.int64, device=device)
-    for group in groups:
-        dist.all_reduce(total, group=group)
-    return int(total.item())
+    # each expert-parallel rank holds other experts
+    local += int(reduce_host([experts], topology.ep_group)[0]) - experts
+    for group in (topology.tp_group, topology.pp_group):
+        local = int(reduce_host([local], group)[0])
+    return local

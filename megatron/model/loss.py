@@ -20,18 +20,16 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.distributed as dist
 
 from megatron.parallel import reduce_from_tensor_parallel_region, vocab_parallel_cross_entropy
-from megatron.parallel.comm import group_size
+from megatron.parallel.comm import all_reduce
 
 
 def vocab_parallel_logsumexp(logits: torch.Tensor, tp_group=None) -> torch.Tensor:
     """fp32 `logsumexp` over the full vocabulary of logits split over `tp_group`: `(b, s)`."""
     x = logits.float()
     peak = x.max(dim=-1).values.detach()  # any shift is exact; the max keeps exp() in range
-    if group_size(tp_group) > 1:
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=tp_group)
+    all_reduce(peak, tp_group, op="max")
     total = (x - peak.unsqueeze(-1)).exp().sum(dim=-1)
     return reduce_from_tensor_parallel_region(total, tp_group).log() + peak
 

@@ -1,9 +1,15 @@
-"""Collectives along one tensor dimension, where `group=None` means "no tensor parallelism".
+"""Collectives of device tensors (activations, gradients, norms), where `group=None` means
+"a group of one process".
 
 Everything in `megatron/parallel/` passes process groups explicitly. Unlike `torch.distributed`,
 where `group=None` is the WORLD group, here a `None` group stands for a group of one process
 (tensor-parallel size 1, or `torch.distributed` not initialised): every collective is then the
 identity and costs nothing. The autograd functions in `mappings.py` are built on these.
+
+These and `host_values.py` (numbers and flags built on the host) are the package's only calls
+of `torch.distributed` collectives. Each refuses a CPU tensor on a group whose backend cannot
+reduce one (NCCL), so a value that missed its way to the device fails on the first CPU gloo
+test that gives the group an NCCL name, not on a user's first multi-GPU run.
 """
 
 from __future__ import annotations
@@ -11,9 +17,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron.parallel.host_values import collective_device
+
 # torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
 def group_size(group) -> int:
@@ -40,13 +49,61 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
-def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
-    """Sum `x` over `group` (in place when there is more than one process); return it."""
+def check_placement(x: torch.Tensor, group) -> None:
+    """Raise when `x` lives on the host but `group`'s backend reduces device tensors only.
+
+    Only host tensors are looked at, so a GPU run pays one attribute read per collective."""
+    if x.is_cpu and collective_device(group).type != "cpu":
+        raise RuntimeError(
+            f"a CPU tensor of shape {tuple(x.shape)} was handed to a collective over a "
+            f"{dist.get_backend(group)} process group, which reduces "
+            f"{collective_device(group).type} tensors only: build it on the device, or pass "
+            "host values through megatron.parallel.host_values"
+        )
+
+
+def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
+    """Reduce `x` over `group` in place (`op`: sum or max); return it."""
     if group_size(group) == 1:
         return x
-    x = x.contiguous()
-    dist.all_reduce(x, group=group)
+    check_placement(x, group)
+    flat = x.contiguous()  # x itself unless it is a strided view
+    dist.all_reduce(flat, op=_OPS[op], group=group)
+    if flat.data_ptr() != x.data_ptr():
+        x.copy_(flat)
     return x
+
+
+def broadcast(x: torch.Tensor, src: int, group) -> torch.Tensor:
+    """Global rank `src`'s `x` on every rank of `group` (in place); return it."""
+    if group_size(group) == 1:
+        return x
+    check_placement(x, group)
+    dist.broadcast(x, src, group=group)
+    return x
+
+
+def send(x: torch.Tensor, dst: int) -> None:
+    """Point to point: `x` to global rank `dst` (which calls `recv`)."""
+    check_placement(x, dist.group.WORLD)
+    dist.send(x, dst)
+
+
+def recv(x: torch.Tensor, src: int) -> torch.Tensor:
+    """Point to point: fill `x` from global rank `src` (which calls `send`); return it."""
+    check_placement(x, dist.group.WORLD)
+    dist.recv(x, src)
+    return x
+
+
+def all_gather_list(x: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's `x` (same shape on all ranks) in rank order."""
+    if group_size(group) == 1:
+        return [x]
+    check_placement(x, group)
+    parts = [torch.empty_like(x) for _ in range(group_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return parts
 
 
 def split_along(x: torch.Tensor, dim: int, group) -> torch.Tensor:
@@ -67,15 +124,14 @@ def all_gather_along(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     size = group_size(group)
     if size == 1:
         return x
+    check_placement(x, group)
     x = x.contiguous()
     if dim % x.dim() == 0:
         # Dim 0 (the sequence dim of the (s, b, h) layout) gathers straight into one buffer.
         out = x.new_empty((size * x.shape[0],) + tuple(x.shape[1:]))
         _all_gather_flat(out, x, group=group)
         return out
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=dim)
+    return torch.cat(all_gather_list(x, group), dim=dim)
 
 
 def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
@@ -89,6 +145,7 @@ def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
             f"tensor-parallel ranks: dim 0 ({x.shape[0]}, the sequence length) is not "
             f"divisible by {size}"
         )
+    check_placement(x, group)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // size,) + tuple(x.shape[1:]))
     _reduce_scatter_flat(out, x, group=group)

@@ -18,7 +18,6 @@ Targets must be valid ids in `[0, V)`; masking of padding/unwanted tokens is the
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from megatron.parallel.comm import all_reduce, group_rank, group_size
@@ -37,8 +36,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
         # Subtract the global max for a stable exp (a copy: the caller's logits stay intact).
         local_max = z.max(dim=-1).values
-        if group_size(group) > 1:
-            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        all_reduce(local_max, group, op="max")
         z = z - local_max.unsqueeze(-1)
 
         outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)

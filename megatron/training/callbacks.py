@@ -166,7 +166,7 @@ class CheckpointCallback(Callback):
     def after_step(self, loop):
         if not self.enabled:
             return
-        kind = self.policy.decide(loop.state.iteration, getattr(loop.engine, "device", None))
+        kind = self.policy.decide(loop.state.iteration)
         if kind is not None:
             self.save(loop, kind)
 

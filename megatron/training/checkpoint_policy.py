@@ -28,10 +28,8 @@ import logging
 import shutil
 from time import monotonic
 
-import torch
-import torch.distributed as dist
-
 from megatron.config.checkpointing import CheckpointTier, parse_checkpoint_keep
+from megatron.parallel.host_values import broadcast_host, world_group
 from megatron.training.checkpoint_folders import temporary_checkpoints
 from megatron.training.checkpointing import SaveSchedule
 
@@ -82,7 +80,7 @@ class CheckpointPolicy:
         """This process's view; `decide` shares global rank 0's with every rank."""
         return self.interval is not None and self.clock() - self.last_save >= self.interval
 
-    def decide(self, iteration: int, device=None) -> str | None:
+    def decide(self, iteration: int) -> str | None:
         """The kind to save after `iteration` (see the module docstring), or None. Collective
         when distributed with an interval set and the iteration is no scheduled save: every
         rank must call it after every iteration."""
@@ -90,17 +88,13 @@ class CheckpointPolicy:
             return "permanent"
         if self.schedule.should_save(iteration):
             return "step"
-        return "temporary" if self._time_due(device) else None
+        return "temporary" if self._time_due() else None
 
-    def _time_due(self, device) -> bool:
+    def _time_due(self) -> bool:
         if self.interval is None:
             return False
-        due = self.interval_passed()
-        if not dist.is_initialized():
-            return due
-        flag = torch.tensor([1 if due else 0], dtype=torch.int32, device=device)
-        dist.broadcast(flag, src=0)  # rank 0's clock decides for all
-        return bool(flag.item())
+        # rank 0's clock decides for all
+        return bool(broadcast_host([self.interval_passed()], 0, world_group())[0])
 
     def saved(self) -> None:
         """A checkpoint of any kind is complete: the interval starts again."""

@@ -21,28 +21,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from megatron.model.checkpoint_size import format_bytes
+from megatron.parallel.host_values import broadcast_host, world_group
 
 
 class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be saved whole; the run stops (non-zero exit)."""
 
 
-def _device() -> torch.device:
-    on_gpu = dist.get_backend() == "nccl"  # NCCL reduces device tensors only; gloo CPU ones
-    return torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-
-
 def _rank0_value(value: int) -> int:
     """Rank 0's `value` on every rank."""
-    if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.broadcast(tensor, src=0)
-    return int(tensor.item())
+    return int(broadcast_host([value], 0, world_group())[0])
 
 
 def ensure_room(

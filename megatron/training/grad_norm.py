@@ -18,9 +18,9 @@ which counts every gradient once:
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from megatron.parallel import is_tensor_parallel
+from megatron.parallel.comm import all_reduce
 
 # The engine attribute where the non-finite step check (`nonfinite.py`) leaves the global norm
 # it computed for the step under way, so the clipping of that step (`engine_setup.py`) does not
@@ -43,12 +43,9 @@ def global_grad_norm(parameters, topology) -> torch.Tensor:
     experts = [p.grad.detach() for p in counted if getattr(p, "expert_parallel", False)]
     dense = [p.grad.detach() for p in counted if not getattr(p, "expert_parallel", False)]
     square, expert_square = _square_sum(dense, device), _square_sum(experts, device)
-    if getattr(topology, "ep_group", None) is not None:
-        dist.all_reduce(expert_square, group=topology.ep_group)
-    square = square + expert_square
+    square = square + all_reduce(expert_square, getattr(topology, "ep_group", None))
     for group in (topology.tp_group, topology.pp_group):
-        if group is not None:
-            dist.all_reduce(square, group=group)
+        square = all_reduce(square, group)
     return square.sqrt()
 
 

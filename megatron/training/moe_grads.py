@@ -42,10 +42,11 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE
 
 from megatron.model.moe import expert_group_name, moe_layers
+from megatron.parallel.comm import all_reduce
+from megatron.parallel.host_values import reduce_host
 
 
 def expert_parameters(model) -> list[torch.nn.Parameter]:
@@ -75,7 +76,7 @@ def reduce_expert_gradients(params, topology) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if group is not None and len(topology.edp_ranks) > 1:
-            dist.all_reduce(p.grad.data, group=group)
+            all_reduce(p.grad.data, group)
         p.grad.data.div_(topology.dp_size)
 
 
@@ -179,7 +180,6 @@ def moe_loss_record(model, topology) -> dict[str, float]:
         n = max(layer.moe_loss_sums["n"], 1)
         sums += torch.tensor([layer.moe_loss_sums["aux"], layer.moe_loss_sums["z"]]) / n
     for group in (topology.pp_group, topology.dp_group):
-        if group is not None:
-            dist.all_reduce(sums, group=group)
+        sums = reduce_host(sums, group)
     sums /= topology.dp_size
     return {"moe_aux_loss": float(sums[0]), "moe_z_loss": float(sums[1])}

@@ -23,18 +23,14 @@ stopped after `max_consecutive_skipped_steps` in a row, by `SkippedStepGuard`
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from megatron.parallel.host_values import reduce_host, world_group
 from megatron.training.grad_norm import STEP_GRAD_NORM, global_grad_norm
 
 
-def _any_rank(flag: bool, device) -> bool:
+def _any_rank(flag: bool) -> bool:
     """True on every rank when `flag` is True on any rank of the world."""
-    if not dist.is_initialized():
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
+    return bool(reduce_host([flag], world_group(), op="max")[0])
 
 
 def _is_finite(value) -> bool:
@@ -63,7 +59,7 @@ class NonFiniteSteps:
 
         def guarded_step(lr_kwargs=None):
             try:
-                if _any_rank(self._bad_here(), self.engine.device):
+                if _any_rank(self._bad_here()):
                     self._skip(take_step, lr_kwargs)
                 else:
                     take_step(lr_kwargs)
@@ -116,4 +112,4 @@ def _local_tensors(engine, optimizer):
 def state_is_finite(engine, optimizer) -> bool:
     """Whether every weight and optimizer-state tensor of every rank is finite (collective)."""
     bad = any(not bool(torch.isfinite(t).all()) for t in _local_tensors(engine, optimizer))
-    return not _any_rank(bad, engine.device)
+    return not _any_rank(bad)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import signal
 
-import torch
-import torch.distributed as dist
+from megatron.parallel.host_values import reduce_host, world_group
 
 
 class StopRequest:
@@ -34,9 +33,4 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """True on every rank when any rank received a signal (collective)."""
-        flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return bool(reduce_host([self.received is not None], world_group(), op="max")[0])

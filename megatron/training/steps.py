@@ -19,8 +19,8 @@ log-probabilities, then trains (or evaluates) the policy on exactly those micro-
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from megatron.parallel.host_values import reduce_host
 from megatron.training.moe_grads import moe_loss_record, prepare_moe_step
 
 
@@ -103,11 +103,7 @@ class PlainSteps(EngineSteps):
         return self._loss_so_far
 
     def _mean_over_data_parallel(self, total: torch.Tensor, count: int) -> float:
-        mean = total / count
-        if self.dp_size > 1:
-            dist.all_reduce(mean, group=self.dp_group)
-            mean /= self.dp_size
-        return float(mean)
+        return float(reduce_host(total / count, self.dp_group)) / self.dp_size
 
     def train_step(self, batches) -> float:
         engine = self.engine

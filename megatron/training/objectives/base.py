@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.distributed as dist
+
+from megatron.parallel.host_values import reduce_host, world_group
 
 
 class MetricSums:
@@ -48,7 +49,7 @@ class MetricSums:
         if topology is not None and topology.world_size > 1:
             if not (topology.is_last_stage and topology.tp_rank == 0):
                 values.zero_()
-            dist.all_reduce(values)
+            values = reduce_host(values, world_group())
         self.reset()
         return {
             name: float(values[0, i] / values[1, i])

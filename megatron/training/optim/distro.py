@@ -31,8 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from megatron.parallel.comm import all_gather_list
 from megatron.training.optim.distro_dct import ChunkedDCT, index_dtype
 from megatron.training.optim.onebit_adam import pack_signs, unpack_signs
 from megatron.training.safe_load import load_file
@@ -130,12 +130,7 @@ class Distro(torch.optim.Optimizer):
         return idx, values, offset + n_val
 
     def _gather(self, local: torch.Tensor) -> list[torch.Tensor]:
-        world = dist.get_world_size(self.group) if dist.is_initialized() else 1
-        if world == 1:
-            return [local]
-        buffers = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(buffers, local, group=self.group)
-        return buffers
+        return all_gather_list(local, self.group)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -19,7 +19,8 @@ Not for ZeRO (the engine's partitioned gradients are already reduced).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from megatron.parallel.comm import all_gather_list, group_size
 
 _BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
@@ -49,14 +50,11 @@ def compressed_mean(x: torch.Tensor, worker_error, server_error, group=None) -> 
     flat = x.reshape(-1) + worker_error
     sent = compress(flat)
     worker_error.copy_(flat - sent)
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    world = group_size(group)
     if world > 1:
         scale = (flat.norm() / flat.numel() ** 0.5).reshape(1).float()
-        signs = pack_signs(flat)
-        all_signs = [torch.empty_like(signs) for _ in range(world)]
-        all_scales = [torch.empty_like(scale) for _ in range(world)]
-        dist.all_gather(all_signs, signs, group=group)
-        dist.all_gather(all_scales, scale, group=group)
+        all_signs = all_gather_list(pack_signs(flat), group)
+        all_scales = all_gather_list(scale, group)
         total = torch.zeros_like(flat)
         for s, c in zip(all_signs, all_scales):
             total.add_(unpack_signs(s, flat.numel(), flat.dtype), alpha=c.item())
