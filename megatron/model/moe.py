@@ -77,12 +77,13 @@ class AuxLossGradient(torch.autograd.Function):
     def forward(ctx, output, aux, scale: float):
         ctx.scale = scale
         ctx.aux_shape = aux.shape
-        ctx.aux_dtype = aux.dtype
+        ctx.aux_dtype, ctx.aux_device = aux.dtype, aux.device
         return output.view_as(output)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype), None
+        scale = torch.full(ctx.aux_shape, ctx.scale, dtype=ctx.aux_dtype, device=ctx.aux_device)
+        return grad, scale, None
 
 
 def _expert_weight(n: int, rows: int, cols: int, init, first: int, local: int) -> nn.Parameter:

@@ -44,14 +44,15 @@ class Route:
 
 
 def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Switch load-balancing loss `E * sum_e f_e * P_e` (see the module docstring)."""
+    """Switch load-balancing loss `E * sum_e f_e * P_e` (see the module docstring).
+
+    The assignments are counted in int64 whatever the router's dtype: bf16 holds integers
+    exactly only up to 256, and a bf16 count stops there (every busy expert would count 256,
+    the fractions would be equal and the loss would push nothing). The loss is fp32 at least."""
     num_experts = probs.shape[-1]
-    counts = torch.zeros(num_experts, dtype=probs.dtype, device=probs.device)
-    counts.scatter_add_(
-        0, indices.reshape(-1), torch.ones_like(indices.reshape(-1), dtype=probs.dtype)
-    )
-    fraction = counts / indices.numel()
-    return num_experts * (fraction * probs.mean(dim=0)).sum()
+    counts = torch.bincount(indices.reshape(-1), minlength=num_experts)  # (E,) int64, exact
+    fraction = counts.float() / indices.numel()
+    return num_experts * (fraction * probs.float().mean(dim=0)).sum()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import build_gpt
@@ -169,6 +170,38 @@ def test_router_losses_reach_the_router_gradient():
     torch.testing.assert_close(got, layer.router.weight.grad, rtol=1e-5, atol=1e-7)
     assert layer.moe_loss_sums["n"] == 1
     assert layer.moe_loss_sums["aux"] == pytest.approx(0.3 * float(lbl.detach()), rel=1e-5)
+
+
+class _AtomicAddsRoundEachAdd(TorchDispatchMode):
+    """CPU `scatter_add` sums a bf16 segment in fp32 and rounds once; CUDA's atomic adds round
+    after every add (as CPU `index_add_` does). Run 1-D scatter-adds the CUDA way here."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        scatter = (torch.ops.aten.scatter_add_.default, torch.ops.aten.scatter_add.default)
+        if func in scatter and args[0].dtype in (torch.bfloat16, torch.float16):
+            target, dim, index, src = args
+            if target.dim() == 1:
+                out = target if func is scatter[0] else target.clone()
+                return out.index_add_(dim, index, src)
+        return func(*args, **kwargs)
+
+
+def test_bf16_router_counts_every_assignment_past_256_per_expert():
+    # bf16 holds integers exactly up to 256: a count kept in the router's dtype stops there.
+    layer = _layer(moe_aux_loss_coeff=1.0, moe_z_loss_coeff=0.0, moe_lbl_in_fp32=False)
+    layer.to(torch.bfloat16)
+    x = torch.randn(1024, 2, H).to(torch.bfloat16)  # 2048 tokens, 4096 assignments
+    with _AtomicAddsRoundEachAdd():
+        layer(x)
+    logits = torch.nn.functional.linear(x.reshape(-1, H), layer.router.weight)  # bf16, as run
+    probs = logits.softmax(-1)
+    chosen = probs.topk(K, dim=-1).indices.reshape(-1).tolist()
+    counts = [chosen.count(e) for e in range(E)]
+    assert min(counts) > 256
+    mean_probs = probs.double().mean(0).tolist()
+    expected = E * sum(c / len(chosen) * p for c, p in zip(counts, mean_probs))
+    assert layer.moe_loss_sums["aux"] == pytest.approx(expected, rel=1e-2)
 
 
 def test_every_expert_interval_th_layer_counting_from_zero_has_experts():
