@@ -5,8 +5,9 @@ The decay iterations are split into cycles at `ScheduleSettings.cycle_ends`; the
 cycle come from `megatron.config.lr.lr_cycle_phases`. With k = iterations into a cycle that
 warms up over w, holds the peak for s and decays over d:
 
-    k < w          previous + (peak - previous) × k / w   (previous: 0 in the first cycle,
-                                                            else the previous cycle's final LR)
+    k < w          first cycle: peak × max(1, k) / w       (GPT-NeoX's warm-up, see below)
+                   later: previous + (peak - previous) × k / w (previous: the previous cycle's
+                                                                final LR)
     k < w + s      peak
     otherwise      max(min_lr, shape(min(k - w - s, d), d))
 
@@ -15,6 +16,10 @@ decay were a whole GPT-NeoX decay of d iterations after a warm-up of w (so `wsd`
 the last `wsd_decay_fraction` of the cycle). A cycle's LR at its end is its final LR, and it
 holds past the last cycle (Levanter's schedules stop their clock). With a re-warm-up of 0 the
 first iteration of a cycle is back at the peak.
+
+Levanter's first warm-up starts at 0 (optax's linear schedule at count 0), which spends the
+first step of training at LR 0; like the schedule without cycles it uses GPT-NeoX's current
+warm-up instead, whose first step already has the LR of the second.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from megatron.config.lr import CyclePhases, lr_cycle_phases
+from megatron.training.lr_styles import warmup_lr
 
 if TYPE_CHECKING:
     from megatron.training.lr_schedules import ScheduleSettings
@@ -42,10 +48,10 @@ def cycle_lr(s: ScheduleSettings, shape: Shape) -> float:
     index = min(bisect.bisect_right(s.cycle_ends, s.num_iters), len(phases) - 1)
     p = phases[index]
     k = s.num_iters - p.start
+    if k < p.warmup and index == 0:
+        return warmup_lr(s.peak_lr, k, p.warmup)
     if k < p.warmup:
-        before = (
-            0.0 if index == 0 else _decayed(phases[index - 1], phases[index - 1].decay, s, shape)
-        )
+        before = _decayed(phases[index - 1], phases[index - 1].decay, s, shape)
         return before + (s.peak_lr - before) * k / p.warmup
     if k < p.warmup + p.stable:
         return float(s.peak_lr)

@@ -4,11 +4,12 @@
 overflowing fp16 step is skipped and does not advance it), like GPT-NeoX's scheduler. With
 n = `num_iters` completed steps, w = warm-up and D = decay iterations, the LR is
 
-    warm-up (w > 0 and n <= w):  peak × n / w
+    warm-up (w > 0 and n <= w):  min(peak, peak × max(1, n) / w)
     otherwise:                   max(min_lr, shape(n - w, D - w))
 
 The shapes of GPT-NeoX's `AnnealingLR` are computed as NeoX computes them, operation for
-operation, so every iteration gives NeoX's value:
+operation, so every iteration gives NeoX's value (its current warm-up, whose first step is
+not 0, capped at the peak where NeoX's would exceed it, w < 1):
 
     constant     peak
     linear       peak × (D - w - (n - w)) / (D - w)                   (then clipped at min_lr)
@@ -34,7 +35,7 @@ from typing import Any
 
 from megatron.config.lr import decay_and_warmup_iters, lr_cycle_ends
 from megatron.training.lr_cycles import cycle_lr
-from megatron.training.lr_styles import DECAY_STYLES, WSD_TAILS
+from megatron.training.lr_styles import DECAY_STYLES, WSD_TAILS, warmup_lr
 
 # Settings that define the curve; on resume they are compared with the checkpoint's.
 CURVE_KEYS = (
@@ -91,7 +92,7 @@ def lr_at(s: ScheduleSettings) -> float:
     if s.cycle_ends:
         return cycle_lr(s, DECAY_STYLES[s.decay_style].lr)
     if s.warmup_iters > 0 and s.num_iters <= s.warmup_iters:
-        return float(s.peak_lr) * s.num_iters / s.warmup_iters
+        return warmup_lr(s.peak_lr, s.num_iters, s.warmup_iters)
     return max(DECAY_STYLES[s.decay_style].lr(s), s.min_lr)
 
 

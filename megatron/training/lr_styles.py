@@ -17,6 +17,14 @@ if TYPE_CHECKING:
 LN2_NEOX = 0.693  # GPT-NeoX's exponential decay halves the LR over the decay: exp(-0.693 p)
 
 
+def warmup_lr(peak: float, n: float, warmup: float) -> float:
+    """GPT-NeoX's warm-up from 0 after `n` steps of `warmup`: peak × max(1, n) / warmup, so the
+    first step (n = 0) already moves the weights and the second has the same LR. At most the
+    peak: NeoX's formula gives peak / warmup > peak at n = 0 when the warm-up is shorter than
+    one iteration (a `warmup` fraction times the decay iterations below 1)."""
+    return min(float(peak), float(peak) * max(1, n) / warmup)
+
+
 def _since_warmup(s: ScheduleSettings) -> tuple[float, float]:
     """(n - w, D - w): GPT-NeoX's iterations into the decay and decay length; (1, 1), a
     finished decay, when the warm-up covers it."""

@@ -66,7 +66,7 @@ def _neox_cosine(n: float) -> float:
     """GPT-NeoX's AnnealingLR (cosine) after n steps; warm-up and decay in iterations."""
     warmup = WARMUP * TRAIN_ITERS
     if n <= warmup:
-        return PEAK * n / warmup
+        return PEAK * max(1, n) / warmup
     progress = (n - warmup) / (TRAIN_ITERS - warmup)
     return MIN_LR + (PEAK - MIN_LR) / 2 * (math.cos(math.pi * progress) + 1)
 

@@ -4,8 +4,10 @@ The expected curves are Levanter's definitions (its configuration guide and
 `levanter/optim/config.py::OptimizerConfig.lr_scheduler`), written out here as Levanter writes
 them: a list of cycle minima, then per cycle a join of optax pieces (linear (re)warm-up from the
 previous cycle's final LR, a constant stable piece, the decay), each piece counting from its own
-boundary. The decay shapes are ours (GPT-NeoX's linear, clipped at min_lr; the cosine equals
-optax's `cosine_decay_schedule` with alpha = min_lr / peak) and Levanter's `inv`.
+boundary. One change to Levanter: the first warm-up is GPT-NeoX's current one, peak × max(1, n)
+/ w, so the first step of training does not have LR 0. The decay shapes are ours (GPT-NeoX's
+linear, clipped at min_lr; the cosine equals optax's `cosine_decay_schedule` with alpha =
+min_lr / peak) and Levanter's `inv`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def levanter_lr(n, minima, *, warmup, rewarmup, decay, shape, peak=PEAK):
         length = end - start
         warm = warmup if cycle == 0 else rewarmup
         fall = length - warm if decay is None else decay
-        if warm:
+        if warm and cycle == 0:  # GPT-NeoX's current warm-up: its first step is not at 0
+            pieces.append((start, lambda c, w=warm: peak * max(1, min(c, w)) / w))
+        elif warm:
             pieces.append((start, lambda c, a=previous_end, w=warm: a + (peak - a) * min(c, w) / w))
         if length - warm - fall:
             pieces.append((start + warm, lambda c: peak))
@@ -83,7 +87,7 @@ def test_the_first_cycle_is_warmup_then_decay(make_config):
     # 3 cycles of 30 over 90 iterations; warmup 0.1 of the first cycle = 3 iterations
     cfg = _config(make_config, train_iters=90, lr_cycles=3, warmup=0.1, lr_decay_style="cosine")
     lrs = _stepped(cfg, 30)
-    assert lrs[:4] == pytest.approx([0.0, PEAK / 3, 2 * PEAK / 3, PEAK], rel=1e-12)
+    assert lrs[:4] == pytest.approx([PEAK / 3, PEAK / 3, 2 * PEAK / 3, PEAK], rel=1e-12)
     for n in range(3, 30):
         assert lrs[n] == pytest.approx(optax_cosine(n - 3, 27), rel=1e-12), n
     assert lrs[30] == pytest.approx(PEAK, rel=1e-12)  # cycle 2, no re-warm-up: the peak again
@@ -156,7 +160,7 @@ def test_wsd_decays_over_the_last_fraction_of_each_cycle(make_config):
 def test_inv_is_levanters_formula_with_and_without_cycles(make_config):
     cfg = _config(make_config, train_iters=50, warmup=10, lr_decay_style="inv")
     lrs = _stepped(cfg, 60)
-    assert lrs[:11] == pytest.approx([PEAK * n / 10 for n in range(11)], rel=1e-12)
+    assert lrs[:11] == pytest.approx([PEAK * max(1, n) / 10 for n in range(11)], rel=1e-12)
     for n in range(11, 61):  # the decay spans the 40 iterations after warm-up
         assert lrs[n] == pytest.approx(levanter_inv(n - 10, 40), rel=1e-12), n
     assert lrs[50] == pytest.approx(MIN, rel=1e-12)

@@ -1,7 +1,8 @@
 """The LR schedule equals GPT-NeoX's `AnnealingLR` at every iteration of a run.
 
-The expected values come from GPT-NeoX's published definitions, written out here from
-`megatron/learning_rates.py` (`AnnealingLR.get_lr`) and `megatron/training.py`
+The expected values come from GPT-NeoX's current definitions, written out here from
+`megatron/learning_rates.py` (`AnnealingLR.get_lr`, whose warm-up is peak × max(1, n) / w since
+NeoX's fix "warmup LR being zero at step 0") and `megatron/training.py`
 (`get_learning_rate_scheduler`: decay over `lr_decay_iters`, else
 floor(`lr_decay_fraction` × train_iters), else train_iters, at least 1; warm-up =
 `warmup` × that, unrounded). The scheduler under test is the one the trainer builds
@@ -38,7 +39,7 @@ def neox_warmup_and_decay(train_iters, warmup, lr_decay_iters=None, lr_decay_fra
 def neox_lr(num_iters, *, start_lr, min_lr, warmup_iter, end_iter, style):
     """GPT-NeoX's `AnnealingLR.get_lr` after `num_iters` steps."""
     if warmup_iter > 0 and num_iters <= warmup_iter:
-        return float(start_lr) * num_iters / warmup_iter
+        return float(start_lr) * max(1, num_iters) / warmup_iter
     since = num_iters - warmup_iter
     length = end_iter - warmup_iter
     if style == "linear":
@@ -83,6 +84,35 @@ def test_every_iteration_of_a_run_is_neox(make_config, style, min_lr, warmup):
         start_lr=1.0e-3, min_lr=min_lr, warmup_iter=warmup_iter, end_iter=end_iter, style=style
     )
     _assert_run_matches(cfg, neox, 250)
+
+
+def test_first_step_moves_the_weights(make_config):
+    """NeoX's current warm-up: before any step the LR is already that of the second step
+    (20 warm-up iterations: peak / 20), not 0."""
+    cfg = make_config(
+        train_iters=200, lr_decay_style="cosine", warmup=0.1,
+        optimizer={"type": "Adam", "params": {"lr": 1.0e-3}},
+    )  # fmt: skip
+    opt = _optimizer()
+    sched = build_lr_scheduler(cfg, opt)
+    assert opt.param_groups[0]["lr"] == pytest.approx(5.0e-5, rel=1e-12)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(5.0e-5, rel=1e-12)
+
+
+def test_warmup_shorter_than_an_iteration_stays_at_the_peak(make_config):
+    """A warm-up of 0.5 iterations: NeoX's peak × max(1, 0) / 0.5 would be twice the peak;
+    ours is capped at the peak, then decays as NeoX does."""
+    cfg = make_config(
+        train_iters=250, lr_decay_style="linear", warmup=0.002,
+        optimizer={"type": "Adam", "params": {"lr": 1.0e-3}},
+    )  # fmt: skip
+    opt = _optimizer()
+    sched = build_lr_scheduler(cfg, opt)
+    assert opt.param_groups[0]["lr"] == 1.0e-3
+    sched.step()
+    neox = neox_lr(1, start_lr=1.0e-3, min_lr=0.0, warmup_iter=0.5, end_iter=250, style="linear")
+    assert opt.param_groups[0]["lr"] == pytest.approx(neox, rel=1e-12)
 
 
 @pytest.mark.parametrize("style", NEOX_STYLES)

@@ -31,8 +31,10 @@ def lr_of(style, it, *, peak=1.0, min_lr=0.1, warmup=10, decay=130, **kw):
 
 
 @pytest.mark.parametrize("style", ["constant", "linear", "cosine", "exponential", "wsd"])
-def test_warmup_is_linear_from_zero(style):
-    assert lr_of(style, 0) == 0.0
+def test_warmup_is_linear_and_its_first_step_is_not_zero(style):
+    # GPT-NeoX's current warm-up: peak × max(1, n) / w
+    assert lr_of(style, 0) == pytest.approx(0.1)
+    assert lr_of(style, 1) == pytest.approx(0.1)
     assert lr_of(style, 5) == pytest.approx(0.5)
     assert lr_of(style, 10) == pytest.approx(1.0)
 
@@ -81,7 +83,7 @@ def test_scheduler_sets_group_lrs_and_steps():
     opt = _opt()
     opt.param_groups[0]["lr_scale"] = 0.5
     sched = AnnealingLR(opt, ScheduleSettings(peak_lr=1.0, warmup_iters=4, decay_iters=8))
-    assert opt.param_groups[0]["lr"] == 0.0
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.125)  # 0.5 × max(1, 0) / 4
     for _ in range(2):
         sched.step()
     assert sched.get_last_lr() == [pytest.approx(0.25)]
