@@ -37,7 +37,8 @@ class LRConfig:
 
     min_lr: float = 0.0
     """Floor of the learning rate after warm-up (GPT-NeoX: every style is clipped at it; a
-    linear decay reaches it before the end)."""
+    linear decay reaches it before the end). Within LR cycles a linear decay ends at it, as in
+    Levanter (min_lr_ratio × the learning rate)."""
 
     wsd_decay_fraction: float = 0.1
     """For `wsd`: fraction of the decay iterations (with cycles: of each cycle) spent in the

@@ -11,9 +11,11 @@ warms up over w, holds the peak for s and decays over d:
     k < w + s      peak
     otherwise      max(min_lr, shape(min(k - w - s, d), d))
 
-`shape` is the `lr_decay_style` of `lr_schedules.DECAY_STYLES`, evaluated as if the cycle's
-decay were a whole GPT-NeoX decay of d iterations after a warm-up of w (so `wsd` decays over
-the last `wsd_decay_fraction` of the cycle). A cycle's LR at its end is its final LR, and it
+`shape` is the `lr_decay_style` of `lr_schedules.DECAY_STYLES` (its `in_cycle`), evaluated as
+if the cycle's decay were a whole decay of d iterations after a warm-up of w (so `wsd` decays
+over the last `wsd_decay_fraction` of the cycle). It is GPT-NeoX's shape except for `linear`,
+which is Levanter's: from the peak to `min_lr` at the end of the decay, not clipped at it
+before. A cycle's LR at its end is its final LR, and it
 holds past the last cycle (Levanter's schedules stop their clock). With a re-warm-up of 0 the
 first iteration of a cycle is back at the peak.
 

@@ -25,7 +25,8 @@ Our own styles are classes in the same registry: `inverse_sqrt` (Megatron-LM), `
 (warm-up, stable, decay), which holds the peak and decays over the last
 `wsd_decay_fraction` × D iterations from the peak to `min_lr` with one of `WSD_TAILS`, and
 Levanter's `inv`. With `lr_cycles` / `lr_cycle_length` the schedule is Levanter's cycles
-(`lr_cycles.py`), each decaying with these shapes.
+(`lr_cycles.py`), each decaying with these shapes, except that a linear decay runs from the
+peak to `min_lr` over each cycle's decay (Levanter's) instead of being clipped at it.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class ScheduleSettings:
 def lr_at(s: ScheduleSettings) -> float:
     """The learning rate after `s.num_iters` applied steps."""
     if s.cycle_ends:
-        return cycle_lr(s, DECAY_STYLES[s.decay_style].lr)
+        return cycle_lr(s, DECAY_STYLES[s.decay_style].in_cycle)
     if s.warmup_iters > 0 and s.num_iters <= s.warmup_iters:
         return warmup_lr(s.peak_lr, s.num_iters, s.warmup_iters)
     return max(DECAY_STYLES[s.decay_style].lr(s), s.min_lr)

@@ -3,7 +3,8 @@
 Each `DecayStyle.lr(s)` reads a `lr_schedules.ScheduleSettings`: n = `num_iters`, w =
 `warmup_iters`, D = `decay_iters`, and returns the LR before the `min_lr` floor; the formulas
 are listed in `lr_schedules.py`'s docstring. `lr_cycles.py` evaluates the same shapes within
-each LR cycle.
+each LR cycle through `DecayStyle.in_cycle`, which differs only where Levanter's shape does
+(linear).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class DecayStyle:
     def lr(self, s: ScheduleSettings) -> float:
         raise NotImplementedError
 
+    def in_cycle(self, s: ScheduleSettings) -> float:
+        """The decay within an LR cycle (Levanter's), where it differs from GPT-NeoX's."""
+        return self.lr(s)
+
 
 class Constant(DecayStyle):
     """The peak LR throughout (after warm-up)."""
@@ -50,11 +55,16 @@ class Constant(DecayStyle):
 
 class Linear(DecayStyle):
     """GPT-NeoX: a line from the peak to 0 at the end of the decay, clipped at `min_lr` (so
-    `min_lr` > 0 is reached before the end, not interpolated to)."""
+    `min_lr` > 0 is reached before the end, not interpolated to). Within LR cycles Levanter's
+    line (optax's linear schedule), from the peak to `min_lr` over the whole decay."""
 
     def lr(self, s):
         n, span = _since_warmup(s)
         return s.peak_lr * (span - n) / span
+
+    def in_cycle(self, s):
+        n, span = _since_warmup(s)
+        return s.min_lr + (s.peak_lr - s.min_lr) * (span - n) / span
 
 
 class Cosine(DecayStyle):

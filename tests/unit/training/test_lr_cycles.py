@@ -5,9 +5,10 @@ The expected curves are Levanter's definitions (its configuration guide and
 them: a list of cycle minima, then per cycle a join of optax pieces (linear (re)warm-up from the
 previous cycle's final LR, a constant stable piece, the decay), each piece counting from its own
 boundary. One change to Levanter: the first warm-up is GPT-NeoX's current one, peak × max(1, n)
-/ w, so the first step of training does not have LR 0. The decay shapes are ours (GPT-NeoX's
-linear, clipped at min_lr; the cosine equals optax's `cosine_decay_schedule` with alpha =
-min_lr / peak) and Levanter's `inv`.
+/ w, so the first step of training does not have LR 0. The decay shapes are Levanter's: optax's
+`linear_schedule` from the peak to min_lr over the decay, optax's `cosine_decay_schedule` with
+alpha = min_lr / peak (equal to GPT-NeoX's cosine), Levanter's `inv`; exponential, which
+Levanter lacks, is GPT-NeoX's, clipped at min_lr.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def optax_cosine(count, steps, peak=PEAK, alpha=MIN / PEAK):
     return peak * ((1 - alpha) * 0.5 * (1 + math.cos(math.pi * count / steps)) + alpha)
 
 
-def neox_linear(count, steps, peak=PEAK):
-    return max(peak * (steps - min(count, steps)) / steps, MIN)
+def optax_linear(count, steps, peak=PEAK, end=MIN):
+    """optax.linear_schedule(peak, end, steps)(count): a polynomial schedule of power 1."""
+    frac = 1 - min(count, steps) / steps
+    return (peak - end) * frac + end
 
 
 def levanter_inv(count, steps, peak=PEAK, min_lr=MIN):
@@ -93,7 +96,7 @@ def test_the_first_cycle_is_warmup_then_decay(make_config):
     assert lrs[30] == pytest.approx(PEAK, rel=1e-12)  # cycle 2, no re-warm-up: the peak again
 
 
-@pytest.mark.parametrize("style, shape", [("linear", neox_linear), ("cosine", optax_cosine)])
+@pytest.mark.parametrize("style, shape", [("linear", optax_linear), ("cosine", optax_cosine)])
 def test_rewarmup_zero_jumps_back_to_the_peak(make_config, style, shape):
     cfg = _config(make_config, train_iters=100, lr_cycles=[40], warmup=5, lr_decay_style=style)
     lrs = _stepped(cfg, 100)
@@ -115,6 +118,19 @@ def test_rewarmup_climbs_linearly_from_the_previous_cycle_end(make_config):
     assert lrs[39] > bottom > lrs[39] * 0.95
 
 
+def test_linear_cycles_decay_to_min_lr_over_the_whole_decay(make_config):
+    # Levanter: half-way through a cycle's decay the LR is half-way between peak and min_lr,
+    # and min_lr comes at the end of the decay (GPT-NeoX's line, clipped, would reach it early)
+    cfg = make_config(
+        train_iters=100, lr_cycles=2, warmup=0, lr_decay_style="linear", min_lr=5.0e-4,
+        optimizer={"type": "Adam", "params": {"lr": PEAK}},
+    )  # fmt: skip
+    lrs = _stepped(cfg, 100)
+    assert lrs[25] == pytest.approx((PEAK + 5.0e-4) / 2, rel=1e-12)
+    assert lrs[49] == pytest.approx(5.0e-4 + (PEAK - 5.0e-4) / 50, rel=1e-12)
+    assert lrs[100] == pytest.approx(5.0e-4, rel=1e-12)
+
+
 CYCLE_KEYS = [
     (dict(lr_cycles=3), [0, 33, 66, 100]),
     (dict(lr_cycles=[10, 25, 50]), [0, 10, 25, 50, 100]),
@@ -130,7 +146,7 @@ CYCLE_KEYS = [
 def test_cycle_keys_give_levanters_boundaries(make_config, keys, minima):
     cfg = _config(make_config, train_iters=100, warmup=4, lr_decay_style="linear", **keys)
     lrs = _stepped(cfg, 100)
-    assert_levanter(lrs[:101], minima, warmup=4, shape=neox_linear)
+    assert_levanter(lrs[:101], minima, warmup=4, shape=optax_linear)
 
 
 def test_cycle_decay_leaves_a_stable_phase(make_config):
