@@ -32,8 +32,11 @@ class LRConfig:
     """Decay over this fraction of the training iterations (instead of `lr_decay_iters`)."""
 
     warmup: float = 0.01
-    """Warm-up length: a fraction of the decay iterations when below 1, else iterations. With
-    LR cycles: a fraction of the first cycle (rounded down), else iterations."""
+    """Warm-up length. Up to 1 (`1` and `1.0` alike) a fraction of the decay iterations, as
+    GPT-NeoX (always a fraction) and Levanter (a fraction up to 1) read it: `warmup: 1` warms
+    up over the whole decay. Above 1 a whole number of iterations, as in Levanter (so one
+    warm-up iteration is the fraction 1 / decay iterations). Without LR cycles the fraction is
+    not rounded (GPT-NeoX); with them it is a fraction of the first cycle, rounded down."""
 
     min_lr: float = 0.0
     """Floor of the learning rate after warm-up (GPT-NeoX: every style is clipped at it; a
@@ -89,10 +92,12 @@ class LRConfig:
 def decay_and_warmup_iters(lr: LRConfig, train_iters: int | None) -> tuple[int, float]:
     """GPT-NeoX's decay length and warm-up: `lr_decay_iters`, else
     floor(`lr_decay_fraction` × train_iters), else train_iters, at least 1; the warm-up is
-    `warmup` × decay iterations, not rounded (NeoX keeps the fraction). (0, 0.0) while the run
-    length is unknown (`train_epochs`: known only once the data is read). With LR cycles the
-    warm-up belongs to the first cycle (Levanter: rounded down), and the cycles are checked."""
+    `warmup` × decay iterations for a `warmup` up to 1, not rounded (NeoX keeps the fraction),
+    else `warmup` iterations. (0, 0.0) while the run length is unknown (`train_epochs`: known
+    only once the data is read). With LR cycles the warm-up belongs to the first cycle
+    (Levanter: rounded down), and the cycles are checked."""
     check_cycle_keys(lr)
+    check_frac_or_steps("warmup", lr.warmup, "the decay iterations (with LR cycles: of cycle 1)")
     if lr.lr_decay_iters is not None:
         decay = lr.lr_decay_iters
     elif not train_iters:
@@ -104,8 +109,8 @@ def decay_and_warmup_iters(lr: LRConfig, train_iters: int | None) -> tuple[int, 
     decay = max(1, int(decay))
     ends = lr_cycle_ends(lr, decay, train_iters)
     if not ends:
-        return decay, lr.warmup * decay if lr.warmup < 1 else float(int(lr.warmup))
-    first = int(lr.warmup * ends[0]) if lr.warmup < 1 else int(lr.warmup)
+        return decay, lr.warmup * decay if lr.warmup <= 1 else float(lr.warmup)
+    first = frac_or_steps("warmup", lr.warmup, ends[0])
     lr_cycle_phases(ends, first, lr.lr_rewarmup, lr.lr_cycle_decay)  # refuse now, not at run time
     return decay, float(first)
 
@@ -138,14 +143,19 @@ def check_cycle_keys(lr: LRConfig) -> None:
         )
 
 
+def check_frac_or_steps(key: str, value: float, of: str = "the cycle") -> None:
+    """Refuse a value that is neither a fraction (of `of`) in [0, 1] nor whole iterations."""
+    if value < 0 or (value > 1 and value % 1):
+        raise ConfigError(
+            f"{key} {value!r} is not valid; give a fraction of {of} in [0, 1] or a whole "
+            "number of iterations above 1"
+        )
+
+
 def frac_or_steps(key: str, value: float, length: int) -> int:
     """Levanter's reading of a cycle key: up to 1 a fraction of `length` (rounded down), above
     1 a whole number of iterations."""
-    if value < 0 or (value > 1 and value % 1):
-        raise ConfigError(
-            f"{key} {value!r} is not valid; give a fraction of the cycle in [0, 1] or a whole "
-            "number of iterations"
-        )
+    check_frac_or_steps(key, value)
     return int(value * length) if value <= 1 else int(value)
 
 

@@ -145,8 +145,6 @@ def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
     t, lr = cfg.training, cfg.lr
     if t.train_iters is not None and t.train_iters < 0:
         raise ConfigError(f"train_iters{_src(sources, 'train_iters')} must be >= 0")
-    if lr.warmup < 0:
-        raise ConfigError(f"warmup{_src(sources, 'warmup')} must be >= 0")
     if lr.min_lr > cfg.optimizer.lr:
         raise ConfigError(
             f"min_lr {lr.min_lr} is above the learning rate {cfg.optimizer.lr}"

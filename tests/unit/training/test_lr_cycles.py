@@ -149,6 +149,16 @@ def test_cycle_keys_give_levanters_boundaries(make_config, keys, minima):
     assert_levanter(lrs[:101], minima, warmup=4, shape=optax_linear)
 
 
+@pytest.mark.parametrize("warmup", [1, 1.0])
+def test_warmup_of_one_is_the_whole_first_cycle(make_config, warmup):
+    # Levanter reads a value <= 1 (int or float) as a fraction: the first cycle is all warm-up
+    cfg = _config(make_config, train_iters=100, lr_cycles=2, warmup=warmup, lr_decay_style="cosine")
+    lrs = _stepped(cfg, 100)
+    assert lrs[:50] == pytest.approx([PEAK * max(1, n) / 50 for n in range(50)], rel=1e-12)
+    for n in range(50, 101):  # cycle 2: no re-warm-up, a cosine over its 50 iterations
+        assert lrs[n] == pytest.approx(optax_cosine(n - 50, 50), rel=1e-12), n
+
+
 def test_cycle_decay_leaves_a_stable_phase(make_config):
     # Levanter's `decay`: 0.4 of each 50-iteration cycle decays; the rest after warm-up holds
     cfg = _config(
@@ -203,6 +213,8 @@ REFUSED = [
     (dict(lr_cycles=[20, 80], lr_decay_iters=50), "lr_cycles.*80.*lr_decay_iters"),
     (dict(lr_cycle_length=[60, 60]), "lr_cycle_length.*120.*train_iters"),
     (dict(lr_cycle_length=1.5), "lr_cycle_length 1.5.*whole number"),
+    (dict(warmup=1.5), "warmup 1.5.*decay iterations.*whole number"),
+    (dict(warmup=-0.1, lr_cycles=2), "warmup -0.1.*fraction"),
     (dict(lr_cycles=0), "lr_cycles 0"),
     (dict(lr_rewarmup=0.1), "lr_rewarmup.*neither lr_cycles nor lr_cycle_length"),
     (dict(lr_cycles=2, lr_decay_style="inverse_sqrt"), "inverse_sqrt.*cycles"),

@@ -86,6 +86,22 @@ def test_every_iteration_of_a_run_is_neox(make_config, style, min_lr, warmup):
     _assert_run_matches(cfg, neox, 250)
 
 
+@pytest.mark.parametrize("warmup", [1, 1.0])
+def test_warmup_of_one_is_the_whole_decay(make_config, warmup):
+    """NeoX's `warmup` is a fraction of the decay iterations: 1 (int or float) warms up over
+    all 250 of them, not over one iteration."""
+    cfg = make_config(
+        train_iters=250, lr_decay_style="constant", warmup=warmup,
+        optimizer={"type": "Adam", "params": {"lr": 1.0e-3}},
+    )  # fmt: skip
+    warmup_iter, end_iter = neox_warmup_and_decay(250, warmup)
+    assert cfg.lr.warmup_iters == warmup_iter == 250
+    neox = dict(
+        start_lr=1.0e-3, min_lr=0.0, warmup_iter=warmup_iter, end_iter=end_iter, style="constant"
+    )
+    _assert_run_matches(cfg, neox, 250)
+
+
 def test_first_step_moves_the_weights(make_config):
     """NeoX's current warm-up: before any step the LR is already that of the second step
     (20 warm-up iterations: peak / 20), not 0."""
