@@ -22,8 +22,9 @@ class PostTrainingConfig:
     """The training objective: `normal` (next-token cross entropy), `dpo` (Direct Preference
     Optimization on `dataset_impl: pairwise` data: each sample a chosen `pos` and a rejected
     `neg` sequence), `kto` (Kahneman-Tversky Optimization on text with a reward dataset:
-    positive reward = desirable, negative = undesirable), `rm` (a reward model: a value head
-    trained on `dataset_impl: pairwise` pairs with the Bradley-Terry loss, see
+    positive reward = desirable, negative = undesirable; one document per sample,
+    `pack_impl: unpacked`), `rm` (a reward model: a value head trained on `dataset_impl:
+    pairwise` pairs with the Bradley-Terry loss, one pair per sample, see
     `megatron/training/objectives/rm.py`)."""
 
     dpo_beta: float = 0.1
@@ -83,6 +84,7 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
         )
     if p.train_impl == "rm":
         _require_reward_labels(cfg.data, impl)
+    _refuse_packed_rows(p.train_impl, getattr(cfg.data, "pack_impl", "packed"), impl, sources)
     if p.train_impl in ("dpo", "kto") and cfg.moe.moe_expert_parallel_size > 1:
         raise ConfigError(
             f"{impl} with moe_expert_parallel_size > 1 is not built: the reference engine's "
@@ -100,6 +102,26 @@ def validate_post_training(cfg, sources: dict[str, str]) -> None:
     for key in ("kto_desirable_weight", "kto_undesirable_weight"):
         if getattr(p, key) < 0:
             raise ConfigError(f"{key}{_src(sources, key)} must be >= 0, got {getattr(p, key)}")
+
+
+def _refuse_packed_rows(train_impl: str, pack_impl: str, impl: str, sources) -> None:
+    """Layouts that put several documents in one row, where the objective reads one value per
+    row: KTO's reward (GPT-NeoX reads reward data only unpacked) and a reward model's reward
+    token (every pair but a row's last would be dropped)."""
+    pack = f"pack_impl: {pack_impl}{_src(sources, 'pack_impl') or ' (the default)'}"
+    if train_impl == "kto" and pack_impl != "unpacked":
+        raise ConfigError(
+            f"{impl} cannot use {pack}: it puts several documents in one row, so desirable "
+            "and undesirable ones would share one reward (their +1/-1 rewards averaged) and one "
+            "log-ratio; set pack_impl: unpacked (one document per sample, as GPT-NeoX requires "
+            "for reward data)"
+        )
+    if train_impl == "rm" and pack_impl == "pack_until_overflow":
+        raise ConfigError(
+            f"{impl} cannot use {pack}: a row would hold several pairs but the reward is read "
+            "once per row, at its last labelled token, so every earlier pair would be dropped; "
+            "set pack_impl: unpacked (one pair per sample)"
+        )
 
 
 def _require_reward_labels(data, impl: str) -> None:

@@ -34,7 +34,7 @@ def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
         ("train_impl: kto\n", r"train_impl: kto .*set train_reward_data_paths"),
         (
             "train_impl: kto\ntrain_data_paths: [a]\ntrain_reward_data_paths: [b]\n"
-            "train_micro_batch_size_per_gpu: 3\n",
+            "pack_impl: unpacked\ntrain_micro_batch_size_per_gpu: 3\n",
             r"train_micro_batch_size_per_gpu must be even",
         ),
         ("train_impl: dpo\nz_loss: 0.1\n", r"z_loss \(in .*run.yml\) .*set z_loss: 0"),
@@ -42,7 +42,7 @@ def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
         ("train_impl: ppo\n", r"train_impl"),
         (
             "train_impl: kto\ntrain_data_paths: [a]\ntrain_reward_data_paths: [b]\n"
-            "moe_num_experts: 4\nmoe_expert_parallel_size: 2\nnum_gpus: 2\n",
+            "pack_impl: unpacked\nmoe_num_experts: 4\nmoe_expert_parallel_size: 2\nnum_gpus: 2\n",
             r"moe_expert_parallel_size > 1 is not built",
         ),
     ],
@@ -50,6 +50,49 @@ def test_dpo_runs_on_pairs_with_gpt_neox_defaults(write, tmp_path):
 def test_objectives_without_what_they_need_are_refused(write, text, message):
     with pytest.raises(ConfigError, match=message):
         _load(write, text)
+
+
+KTO = "train_impl: kto\ntrain_data_paths: [a]\ntrain_reward_data_paths: [b]\n"
+RM = "train_impl: rm\npos_train_label_data_paths: [{d}/pl]\nneg_train_label_data_paths: [{d}/nl]\n"
+
+
+@pytest.mark.parametrize(
+    "objective, pack_impl, message",
+    [
+        (
+            KTO,
+            None,
+            r"train_impl: kto .*pack_impl: packed \(the default\):.*set pack_impl: unpacked",
+        ),
+        (
+            KTO,
+            "pack_until_overflow",
+            r"train_impl: kto .*pack_impl: pack_until_overflow \(in .*run.yml\).*rewards averaged"
+            r".*set pack_impl: unpacked",
+        ),
+        (
+            RM,
+            "pack_until_overflow",
+            r"train_impl: rm .*pack_impl: pack_until_overflow \(in .*run.yml\).*every earlier "
+            r"pair would be dropped; set pack_impl: unpacked",
+        ),
+    ],
+    ids=["kto-packed", "kto-pack_until_overflow", "rm-pack_until_overflow"],
+)
+def test_rows_of_several_documents_are_refused_where_one_value_is_read_per_row(
+    write, tmp_path, objective, pack_impl, message
+):
+    """GPT-NeoX reads reward data only unpacked; a KTO row mixing desirable and undesirable
+    documents, or a reward-model row of several pairs scored once, changes the objective."""
+    text = objective.format(d=tmp_path)
+    if objective is RM:
+        text += PAIRS.format(d=tmp_path)
+    if pack_impl:
+        text = text.replace("pack_impl: unpacked\n", "") + f"pack_impl: {pack_impl}\n"
+    with pytest.raises(ConfigError, match=message):
+        _load(write, text)
+    unpacked = _load(write, text.replace(f"pack_impl: {pack_impl}\n", "") + "pack_impl: unpacked\n")
+    assert unpacked.data.pack_impl == "unpacked"
 
 
 def test_the_small_sft_and_dpo_examples_resolve():
