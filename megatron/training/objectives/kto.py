@@ -1,12 +1,17 @@
 """`train_impl: kto`: Kahneman-Tversky Optimization (Ethayarajh et al. 2024).
 
-Each sample is one sequence with a reward (the `reward` dataset, per token; its mean over the
-sequence is the sample's): positive = desirable, negative = undesirable. With `r` = the
+Each sample is one document (`pack_impl: unpacked`, refused otherwise by
+`megatron/config/post_training.py`) with a reward per token (the `reward` dataset). As in
+GPT-NeoX, with `R_t` the rewards at the sample's `seq_length` predicted positions (the last
+token's dropped, padding 0): the sample is desirable when `sum_t R_t > 0.001`, undesirable
+when `sum_t R_t < -0.001`, else neither (weight 0): the threshold applies to the SUM. The
+`reward` scaling the log-ratio is the MEAN `sum_t R_t / seq_length`, padding included (so a
+document of n tokens rewarded +1 each scales it by n / seq_length). With `r` = the
 policy-to-reference log-ratio of a sequence (log-probabilities summed over label tokens):
 
     loss = mean over samples of lambda_y * (1 - sigmoid(beta * reward * (r - z)))
 
-where `lambda_y` is `kto_desirable_weight` or `kto_undesirable_weight` (0 for a zero reward)
+where `lambda_y` is `kto_desirable_weight`, `kto_undesirable_weight` or 0 by the class above,
 and `z` the reference point, the KL estimate. As GPT-NeoX does (it has no separate mismatched
 KL inputs), the micro-batch is split in two halves and each half's `z` is the other half's
 mean of `max(r, 0)`, without gradient; a micro-batch therefore has an even number of samples.
@@ -33,7 +38,7 @@ from megatron.training.objectives.logprobs import (
     stored_sequence_logps,
 )
 
-REWARD_EPS = 0.001  # GPT-NeoX's threshold between desirable, undesirable and neither
+REWARD_EPS = 0.001  # GPT-NeoX's threshold on the reward SUM: desirable, undesirable, neither
 
 
 class KTO(Objective):
@@ -62,7 +67,8 @@ class KTO(Objective):
         inputs, (labels, mask) = to_model_inputs(sample, settings)
         if labels.shape[0] % 2:
             raise ValueError(f"train_impl: kto needs an even micro-batch, got {labels.shape[0]}")
-        reward = torch.as_tensor(sample["reward"]).float()[:, :-1].mean(-1)  # (b,)
+        # (b, s): the input tokens' rewards (the last token's dropped), as GPT-NeoX reads them
+        reward = torch.as_tensor(sample["reward"]).float()[:, :-1].contiguous()
         ref = torch.zeros(labels.shape[0], dtype=torch.float32)
         if self.stored_ref:
             require_keys(sample, ("ref",), "precompute_model_name is set")
@@ -80,8 +86,9 @@ class KTO(Objective):
         half1, half2 = ratio.detach().chunk(2)
         kl1, kl2 = half1.clamp(min=0).mean(), half2.clamp(min=0).mean()
         z = torch.cat([kl2.expand_as(half1), kl1.expand_as(half2)])  # the other half's
-        reward = reward.to(pi.dtype)
-        desirable, undesirable = reward > REWARD_EPS, reward < -REWARD_EPS
+        total = reward.float().sum(-1)  # (b,): the class (module docstring)
+        desirable, undesirable = total > REWARD_EPS, total < -REWARD_EPS
+        reward = reward.float().mean(-1).to(pi.dtype)  # (b,): the scale
         weight = desirable.float() * self.weights[0] + undesirable.float() * self.weights[1]
         value = torch.sigmoid(self.beta * reward * (ratio - z))
         loss = (weight * (1 - value)).mean()

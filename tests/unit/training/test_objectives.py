@@ -35,8 +35,12 @@ def dpo_reference(pi, ref, beta):
     return torch.stack(losses).mean()
 
 
-def kto_reference(pi, ref, reward, beta, w_d, w_u):
-    """lambda_y - v(x, y) with v = lambda_y * sigma(beta * sign * (r - z0)), mean (eq. 8)."""
+def kto_reference(pi, ref, token_rewards, beta, w_d, w_u):
+    """lambda_y - v(x, y) with v = lambda_y * sigma(beta * reward * (r - z0)), mean (eq. 8).
+
+    `token_rewards` `(b, s)`: one value per predicted position, as GPT-NeoX's `rewards`. Its
+    class (lambda_y) comes from the row's SUM against 0.001, its `reward` is the row's MEAN
+    (GPT-NeoX's `rewards.sum(-1) > 0.001` and `reward1.mean(-1)`)."""
     b = pi.shape[0]
     r = pi - ref
     halves = [range(0, b // 2), range(b // 2, b)]
@@ -47,10 +51,10 @@ def kto_reference(pi, ref, reward, beta, w_d, w_u):
     losses = []
     for i in range(b):
         z = z0[0] if i < b // 2 else z0[1]
-        if reward[i] > 0:
-            losses.append(w_d - w_d * torch.sigmoid(beta * reward[i] * (r[i] - z)))
-        else:
-            losses.append(w_u - w_u * torch.sigmoid(beta * reward[i] * (r[i] - z)))
+        row = [float(v) for v in token_rewards[i]]
+        total, scale = sum(row), sum(row) / len(row)
+        weight = w_d if total > 0.001 else w_u if total < -0.001 else 0.0
+        losses.append(weight - weight * torch.sigmoid(beta * scale * (r[i] - z)))
     return torch.stack(losses).mean()
 
 
@@ -97,27 +101,55 @@ def test_dpo_loss_and_gradient_match_the_paper(beta):
     assert metrics["reward_acc"] == pytest.approx(float((chosen > rejected).double().mean()))
 
 
+# Per-token rewards of six samples of 5 predicted positions (the reward of the last token is
+# dropped, as the label shift drops it): whole documents of +1/-1, a short document padded with
+# 0, and two rows whose per-token rewards are small: their SUM is past GPT-NeoX's 0.001
+# threshold (desirable / undesirable there) but their MEAN is not.
+KTO_REWARDS = [
+    [1.0] * 5,
+    [-1.0] * 5,
+    [0.0004] * 5,
+    [-1.0, -1.0, 0.0, 0.0, 0.0],
+    [-0.0004] * 5,
+    [1.0] * 5,
+]
+
+
+def _kto_sample(token_rewards, seed):
+    """A KTO sample `(b, s + 1)` whose rewards at positions 1.. are `token_rewards`."""
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.tensor(token_rewards, dtype=torch.float32)
+    text = torch.randint(0, V, (rows.shape[0], rows.shape[1] + 1), generator=g)
+    label = text.clone()
+    label[:, 1] = -100  # a prompt token without loss
+    reward = torch.cat([rows, torch.full((rows.shape[0], 1), 7.0)], dim=1)  # last: dropped
+    return dict(text=text, label=label, reward=reward)
+
+
 def test_kto_loss_and_gradient_match_the_paper():
     beta, w_d, w_u = 0.3, 1.0, 1.5
     cfg = _cfg(
         train_impl="kto", kto_beta=beta, kto_desirable_weight=w_d, kto_undesirable_weight=w_u
     )
     objective = build_objective(cfg)
-    logits, labels, mask = _batch(6, 5, seed=1)
+    sample = _kto_sample(KTO_REWARDS, seed=1)
+    _, (labels, mask, _, reward) = objective.model_inputs(sample, BatchSettings())
+    logits = _batch(6, 5, seed=1)[0]
     ref = torch.randn(6, dtype=torch.float64) - 4
-    reward = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
+    tokens = torch.tensor(KTO_REWARDS, dtype=torch.float64)
     ours_logits = logits.clone().requires_grad_()
     theirs_logits = logits.clone().requires_grad_()
     ours = objective.loss(ours_logits, (labels, mask, ref, reward))
-    theirs = kto_reference(_seq_logps(theirs_logits, labels, mask), ref, reward, beta, w_d, w_u)
+    theirs = kto_reference(_seq_logps(theirs_logits, labels, mask), ref, tokens, beta, w_d, w_u)
     ours.backward(), theirs.backward()
     torch.testing.assert_close(ours.double(), theirs, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(ours_logits.grad, theirs_logits.grad, rtol=1e-5, atol=1e-9)
     r = beta * (_seq_logps(logits, labels, mask) - ref)
+    total, scale = tokens.sum(-1), tokens.mean(-1)
     metrics = objective.summary()
-    assert metrics["desirable_rewards"] == pytest.approx(float(r[reward > 0].mean()), rel=1e-5)
-    assert metrics["undesirable_rewards"] == pytest.approx(float(r[reward < 0].mean()), rel=1e-5)
-    assert metrics["reward_acc"] == pytest.approx(float((reward * r > 0).double().mean()))
+    assert metrics["desirable_rewards"] == pytest.approx(float(r[total > 0].mean()), rel=1e-5)
+    assert metrics["undesirable_rewards"] == pytest.approx(float(r[total < 0].mean()), rel=1e-5)
+    assert metrics["reward_acc"] == pytest.approx(float((scale * r > 0).double().mean()))
 
 
 def test_fp32_off_keeps_bf16_sums():
@@ -179,7 +211,7 @@ def test_gradients_of_a_real_tiny_model_match_the_formula(name):
         (tokens[:, 1:], torch.ones(4, 8)),
     )
     ref = torch.tensor([-30.0, -31.0, -29.5, -32.0])
-    reward = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    reward = torch.tensor([1.0, -1.0, -1.0, 1.0])[:, None].expand(4, 8)  # per token
     extra = (ref,) if name == "dpo" else (ref, reward)
 
     def grads(loss_of):
