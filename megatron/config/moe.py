@@ -30,9 +30,10 @@ class MoEConfig:
     moe_router_type: Literal["sinkhorn", "topk"] = "sinkhorn"
     """`topk`: softmax over the router logits, then the top-k experts. `sinkhorn` (GPT-NeoX's
     default, Megatron's Sinkhorn router): in training the experts are chosen by top-k of the
-    Sinkhorn-balanced logits and weighted by sigmoid (k = 1) or softmax (k > 1) of the raw
-    logits; in evaluation plain top-k of those. The load-balancing loss applies to `topk`
-    only (Sinkhorn balances by construction, as in Megatron)."""
+    Sinkhorn-balanced logits (GPT-NeoX's balancing: at most 3 rounds) and weighted by sigmoid
+    (k = 1) or softmax (k > 1) of the raw logits; in evaluation plain top-k of those. The
+    load-balancing loss applies to `topk` only (Sinkhorn balances the choices itself, as in
+    Megatron)."""
 
     moe_router_weights: Literal["softmax", "softmax_renormalized", "topk_softmax"] = "softmax"
     """How a `topk` router weights its k experts: `softmax` (GPT-NeoX, Switch): the experts'

@@ -10,8 +10,9 @@ softmax probabilities over all experts that the losses read. Routers (`ROUTERS`)
   (softmax over the k logits; the same values). With `moe_jitter_eps` the router input is
   multiplied by uniform noise in `[1 - eps, 1 + eps]` in training (GPT-NeoX).
 - `sinkhorn` (Megatron, GPT-NeoX's default): in training the experts are the top-k of the
-  Sinkhorn-balanced `exp(logits)` (no gradient), weighted by `sigmoid(logits)` (k = 1) or
-  `softmax(logits)` (k > 1) at those experts; in evaluation plain top-k of those weights.
+  Sinkhorn-balanced `exp(logits)` (GPT-NeoX's at most 3 rounds, `sinkhorn`; no gradient),
+  weighted by `sigmoid(logits)` (k = 1) or `softmax(logits)` (k > 1) at those experts; in
+  evaluation plain top-k of those weights.
 
 Losses, per MoE layer, on this rank's tokens, before any dropping:
 `load_balancing_loss = E * sum_e f_e * P_e` (Switch; f_e = share of the T*k assignments that
@@ -74,18 +75,27 @@ def capacity_keep(indices: torch.Tensor, num_experts: int, capacity: int) -> tor
     return (position < capacity).reshape(k, tokens).t()
 
 
-def sinkhorn(cost: torch.Tensor, tol: float = 1e-4) -> torch.Tensor:
-    """Megatron's Sinkhorn balancing of `exp(cost)` `(T, E)`: rows and columns rescaled until
-    the column scales change by less than `tol` on average."""
+def sinkhorn(cost: torch.Tensor, tol: float = 1e-4, max_iter: int = 3) -> torch.Tensor:
+    """GPT-NeoX's Sinkhorn balancing of `exp(cost)` `(T, E)`: from row scales `d0 = 1` and
+    column scales `d1 = 1 / (E * column sums)`, at most `max_iter` rounds of rescaling rows
+    then columns, stopping after the first round whose column scales changed by less than
+    `tol` on average. Not run to convergence: the routing is GPT-NeoX's.
+
+    The stop is applied on the device (later rounds leave the scales as they are), so the
+    error is never read on the host: no synchronisation per MoE layer."""
     cost = torch.exp(cost)
-    d0 = torch.ones(cost.shape[0], dtype=cost.dtype, device=cost.device)
-    d1 = torch.ones(cost.shape[1], dtype=cost.dtype, device=cost.device)
-    eps, error, d1_old = 1e-8, 1e9, d1
-    while error > tol:
-        d0 = (1 / d0.numel()) / ((d1 * cost).sum(dim=1) + eps)
-        d1 = (1 / d1.numel()) / ((d0.unsqueeze(1) * cost).sum(dim=0) + eps)
-        error = (d1_old - d1).abs().mean()
-        d1_old = d1
+    rows, cols = cost.shape
+    d0 = torch.ones(rows, dtype=cost.dtype, device=cost.device)
+    d1 = 1 / (cols * cost.sum(dim=0))
+    eps = 1e-8
+    done = torch.zeros((), dtype=torch.bool, device=cost.device)
+    for _ in range(max_iter):
+        new_d0 = (1 / rows) / ((d1 * cost).sum(dim=1) + eps)
+        new_d1 = (1 / cols) / ((new_d0.unsqueeze(1) * cost).sum(dim=0) + eps)
+        converged = (d1 - new_d1).abs().mean() < tol
+        d0 = torch.where(done, d0, new_d0)
+        d1 = torch.where(done, d1, new_d1)
+        done = done | converged
     return d1 * cost * d0.unsqueeze(1)
 
 

@@ -135,17 +135,37 @@ def test_mixtral_weights_renormalise_the_top_k_softmax(rule):
     torch.testing.assert_close(route.weights, torch.softmax(top.values, -1))
 
 
+def neox_sinkhorn(cost, tol=0.0001, max_iter=3):
+    """GPT-NeoX's `SinkhornRouter.sinkhorn` (megatron/model/router.py), written out: d0 = 1,
+    d1 = 1 / (E * column sums of exp(cost)), at most 3 rounds, stopping once the mean change
+    of d1 is below tol."""
+    cost = cost.exp()
+    t, e = cost.shape
+    d0 = [1.0] * t
+    d1 = [1.0 / (e * float(cost[:, j].sum())) for j in range(e)]
+    for _ in range(max_iter):
+        d0 = [(1 / t) / (sum(d1[j] * float(cost[i, j]) for j in range(e)) + 1e-8) for i in range(t)]
+        old = d1
+        d1 = [(1 / e) / (sum(d0[i] * float(cost[i, j]) for i in range(t)) + 1e-8) for j in range(e)]
+        if sum(abs(a - b) for a, b in zip(old, d1)) / e < tol:
+            break
+    return torch.tensor(d1, dtype=torch.float64) * cost.double() * torch.tensor(d0)[:, None]
+
+
+@pytest.mark.parametrize("tol", [1e-4, 0.5])  # 0.5: GPT-NeoX stops after the first round
+def test_sinkhorn_is_gpt_neox_at_most_three_rounds(tol):
+    torch.manual_seed(4)
+    logits = torch.randn(12, E) * 2
+    torch.testing.assert_close(sinkhorn(logits, tol).double(), neox_sinkhorn(logits, tol))
+    if tol == 0.5:  # the stop matters here: three rounds give other scales
+        assert not torch.allclose(neox_sinkhorn(logits, tol), neox_sinkhorn(logits, 1e-4))
+
+
 def test_sinkhorn_router_balances_in_training_and_takes_top_k_in_eval():
     layer = _layer(moe_router_type="sinkhorn")
     x = torch.randn(12, H)
     logits = (x @ layer.router.weight.t()).detach()
-    cost = logits.exp()
-    d0, d1 = torch.ones(12), torch.ones(E)
-    for _ in range(1000):  # the same fixed point, iterated to convergence
-        d0 = 1 / 12 / ((d1 * cost).sum(1) + 1e-8)
-        d1 = 1 / E / ((d0[:, None] * cost).sum(0) + 1e-8)
-    balanced = d1 * cost * d0[:, None]
-    torch.testing.assert_close(sinkhorn(logits), balanced, rtol=1e-3, atol=1e-6)
+    balanced = neox_sinkhorn(logits)
     route = layer.router(x)
     assert torch.equal(route.indices.sort(-1).values, balanced.topk(K).indices.sort(-1).values)
     torch.testing.assert_close(route.weights, logits.softmax(-1).gather(1, route.indices))
