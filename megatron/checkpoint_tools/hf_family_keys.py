@@ -80,7 +80,7 @@ def family_keys(arch: str, hf: dict) -> dict:
             moe_router_weights="softmax_renormalized",
             moe_lbl_in_fp32=True,  # Mixtral's router softmax is fp32
             moe_token_dropping=False,
-            expert_interval=1,
+            moe_expert_interval=1,
             moe_jitter_eps=float(jitter) if jitter else None,
             moe_aux_loss_coeff=hf.get("router_aux_loss_coef", 0.001),
         )

@@ -20,6 +20,7 @@ from megatron.config.logging import LoggingConfig
 from megatron.config.lr import LRConfig
 from megatron.config.model import ModelConfig
 from megatron.config.moe import MoEConfig
+from megatron.config.neox_keys import RENAMED
 from megatron.config.optimizer import OptimizerConfig
 from megatron.config.parallel import ParallelConfig
 from megatron.config.post_training import PostTrainingConfig
@@ -101,7 +102,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, flat: dict[str, Any]) -> Config:
-        """Rebuild a resolved config from `to_dict` output (no re-validation)."""
+        """Rebuild a resolved config from `to_dict` output (no re-validation). A config saved
+        before one of our keys was renamed (`RENAMED`: `expert_interval`, the MoE layer
+        interval of checkpoints written until then) is read under the key's current name."""
+        flat = {**{RENAMED[k][0]: v for k, v in flat.items() if k in RENAMED}, **flat}
         groups = {}
         for name, group_cls in GROUPS.items():
             names = {f.name for f in dataclasses.fields(group_cls)}

@@ -1,9 +1,9 @@
 """Mixture-of-experts settings (`cfg.moe`), in GPT-NeoX's vocabulary.
 
-`moe_num_experts > 1` replaces the MLP of every `expert_interval`-th transformer layer (layer
-`i`, 0-based, when `i % expert_interval == 0`, as GPT-NeoX counts) with a routed mixture of
-experts (`megatron/model/moe.py`). Defaults are GPT-NeoX's. `validate_moe` refuses the values
-that are not built, naming the key and what would be valid.
+`moe_num_experts > 1` replaces the MLP of every `moe_expert_interval`-th transformer layer
+(layer `i`, 0-based, when `i % moe_expert_interval == 0`, as GPT-NeoX counts) with a routed
+mixture of experts (`megatron/model/moe.py`). Defaults are GPT-NeoX's. `validate_moe` refuses
+the values that are not built, naming the key and what would be valid.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ from megatron.config.schema import ConfigError
 class MoEConfig:
     moe_num_experts: int = 1
     """Experts per MoE layer; 1 keeps every MLP dense."""
+
+    moe_expert_interval: int = 1
+    """Transformer layer `i` (0-based) is a MoE layer when `i % moe_expert_interval == 0`:
+    1 (GPT-NeoX's default) gives every layer experts, 2 layers 0, 2, 4, ... GPT-NeoX's older
+    name `expert_interval` (same rule, default 2 there) is read as this key."""
 
     moe_type: Literal["megablocks", "deepspeed"] = "megablocks"
     """GPT-NeoX's MoE implementation. Only `megablocks` (the default: routed experts without
@@ -90,9 +95,6 @@ class MoEConfig:
     """Shard each expert over the tensor-parallel ranks. Not built: experts are whole on each
     rank of their expert-parallel group (true is refused)."""
 
-    expert_interval: int = 2
-    """Every `expert_interval`-th layer, counting from layer 0, is a MoE layer."""
-
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
@@ -113,7 +115,11 @@ def validate_moe(cfg) -> None:
         1 <= m.moe_top_k <= e,
         f"moe_top_k {m.moe_top_k} must be between 1 and moe_num_experts ({e})",
     )
-    _check(m.expert_interval >= 1, f"expert_interval must be >= 1, got {m.expert_interval}")
+    interval = m.moe_expert_interval
+    _check(
+        isinstance(interval, int) and interval >= 1,
+        f"moe_expert_interval must be an integer >= 1, got {interval!r}",
+    )
     _check(
         not m.enable_expert_tensor_parallelism,
         "enable_expert_tensor_parallelism: true is not built; experts are replicated over "

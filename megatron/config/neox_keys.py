@@ -37,6 +37,8 @@ RENAMED: dict[str, tuple[str, bool]] = {
     "ffn_hidden_size": ("intermediate_size", False),
     "rotary_base": ("rotary_emb_base", False),
     "lr_warmup_fraction": ("warmup", False),
+    # GPT-NeoX's name until its dMoE integration: the same layer rule (default 2 there)
+    "expert_interval": ("moe_expert_interval", False),
 }
 for _split in ("train", "valid", "test"):
     for _kind in ("data", "label_data", "reward_data"):
@@ -235,7 +237,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
         "older GPT-NeoX's Llama MLP: set activation: swiglu and mlp_multiple_of: 256", "regular"
     ),
     # mixture of experts (issue 13)
-    "moe_expert_interval": _pending(13, _MOE, 1, gate="moe"),
     "moe_loss_coeff": _pending(13, _MOE, 0.1, gate="moe"),
     "create_moe_param_group": _pending(13, _MOE, True, gate="moe"),
     "use_tutel": _none("Tutel MoE kernels (MoE is refused)", False),

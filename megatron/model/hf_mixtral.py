@@ -9,7 +9,7 @@ Mixtral's block (transformers 5) is our `MoEMLP` (`megatron/model/moe.py`) with:
   the same values); the softmax is taken in fp32 (`moe_lbl_in_fp32: true` on import);
 - the experts `mlp.experts.gate_up_proj` `(E, 2 ffn, h)` = our `w_gate` then `w_in` along the
   rows (`act(gate) * up`), `mlp.experts.down_proj` `(E, h, ffn)` = our `w_out`; no biases;
-- every layer a MoE layer (`expert_interval: 1`), no token dropping (dropless), training
+- every layer a MoE layer (`moe_expert_interval: 1`), no token dropping (dropless), training
   jitter `router_jitter_noise` = our `moe_jitter_eps` (0 = none), `router_aux_loss_coef` =
   `moe_aux_loss_coeff` (a training term; Mixtral has no router z-loss, ours is not exported).
 
@@ -63,7 +63,7 @@ def mixtral_rules() -> dict[str, Rule]:
         moe_token_dropping=only(
             "moe_token_dropping", False, "Mixtral computes every routed token (no capacity)"
         ),
-        expert_interval=only("expert_interval", 1, "every Mixtral layer is a MoE layer"),
+        moe_expert_interval=only("moe_expert_interval", 1, "every Mixtral layer is a MoE layer"),
         enable_expert_tensor_parallelism=only(
             "enable_expert_tensor_parallelism", False, "not built"
         ),

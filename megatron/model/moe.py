@@ -1,6 +1,6 @@
 """The mixture-of-experts MLP, sharded over the expert-parallel group.
 
-`MoEMLP` replaces the MLP of the transformer layers `i` with `i % expert_interval == 0`
+`MoEMLP` replaces the MLP of the transformer layers `i` with `i % moe_expert_interval == 0`
 (`is_moe_layer`). Layout `(s, b, h) -> (s, b, h)`, like the dense MLP:
 
 1. the router (`moe_router.py`) picks `k` experts and weights for each of this rank's tokens;
@@ -55,7 +55,7 @@ from megatron.parallel.mappings import (
 
 def is_moe_layer(args: ModelArgs, layer_index: int) -> bool:
     """Whether transformer layer `layer_index` (0-based) has experts (GPT-NeoX's rule)."""
-    return args.moe_num_experts > 1 and layer_index % args.expert_interval == 0
+    return args.moe_num_experts > 1 and layer_index % args.moe_expert_interval == 0
 
 
 def build_layer_mlp(args: ModelArgs, layer_index: int, tp_group=None, ep_group=None):

@@ -14,7 +14,7 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
         MoE layer's MLP     k · (expert MLP as above) + 2 · h · E (router)
     logits                  2 · h · V_padded     (2 · h for a reward model's value head)
 
-A mixture-of-experts layer (every `expert_interval`-th) counts the `k` experts each token
+A mixture-of-experts layer (every `moe_expert_interval`-th) counts the `k` experts each token
 runs (tokens dropped over capacity are still counted) and its router, not all `E` experts.
 
 Causal attention is counted in full (the whole `s × s` score matrix), as Megatron, GPT-NeoX

@@ -66,6 +66,7 @@ def moe_args(**overrides):
         moe_aux_loss_coeff=0.1,
         moe_z_loss_coeff=0.01,
         moe_expert_parallel_size=EP,
+        moe_expert_interval=2,  # experts on layers 0 and 2 of 4
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )

@@ -50,6 +50,19 @@ def test_bundle_round_trip_is_exact(write):
     assert config_from_argv(["--megatron_config", text, "--local_rank=0"]) == cfg
 
 
+def test_a_config_saved_before_the_interval_key_was_renamed_keeps_its_interval(write):
+    """Checkpoints written until `expert_interval` became `moe_expert_interval` store the old
+    key (its default was 2): their model is read back with the interval it was built with."""
+    from megatron.config import Config
+
+    saved = load_config([write("a.yml", MINIMAL + "moe_num_experts: 4\n")], warn=[]).to_dict()
+    saved["expert_interval"] = 2
+    del saved["moe_expert_interval"]
+    assert Config.from_dict(saved).moe.moe_expert_interval == 2
+    current = {**saved, "moe_expert_interval": 3}
+    assert Config.from_dict(current).moe.moe_expert_interval == 3
+
+
 def test_replace_changes_flat_keys(write):
     cfg = load_config([write("a.yml", MINIMAL)], warn=[])
     new = cfg.replace(train_iters=99, hidden_dropout=0.5)

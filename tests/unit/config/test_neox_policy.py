@@ -76,7 +76,6 @@ NEOX_DEFAULTS = {
     "gradient_noise_scale_cpu_offload": False,
     "use_comet": None,
     # GPT-NeoX 2025 (MoE group and REINFORCE, online data, weight serving)
-    "moe_expert_interval": 1,
     "fp32_reinforce": True,
     "kl_impl": "mse",
     "kl_div_beta": 0.1,
@@ -104,6 +103,7 @@ NEOX_DEFAULTS = {
 
 # Our keys whose default GPT-NeoX also defines (same file).
 NEOX_DEFAULTS_OF_OUR_KEYS = {
+    "moe_expert_interval": 1,
     "train_impl": "normal",
     "dpo_fp32": True,
     "dpo_reference_free": False,

@@ -33,6 +33,7 @@ def moe_args(**overrides):
         moe_num_experts=E,
         moe_top_k=K,
         moe_router_type="topk",
+        moe_expert_interval=2,  # experts on layers 0 and 2 of the 4-layer toy
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
@@ -224,11 +225,65 @@ def test_bf16_router_counts_every_assignment_past_256_per_expert():
     assert layer.moe_loss_sums["aux"] == pytest.approx(expected, rel=1e-2)
 
 
-def test_every_expert_interval_th_layer_counting_from_zero_has_experts():
-    args = moe_args(num_layers=5, expert_interval=2)
-    assert [is_moe_layer(args, i) for i in range(5)] == [True, False, True, False, True]
+# GPT-NeoX's configs/125M-dmoe.yml, the keys that shape the model (values written here).
+NEOX_125M_DMOE = """
+pipe_parallel_size: 1
+model_parallel_size: 1
+num_layers: 12
+hidden_size: 768
+num_attention_heads: 12
+seq_length: 2048
+max_position_embeddings: 2048
+norm: layernorm
+pos_emb: rotary
+no_weight_tying: true
+gpt_j_residual: false
+output_layer_parallelism: column
+moe_num_experts: 8
+init_method: small_init
+output_layer_init_method: wang_init
+train_micro_batch_size_per_gpu: 4
+precision: bfloat16
+optimizer: {type: Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}
+train_iters: 320000
+"""
+NEOX_DEFAULT_INTERVAL = 1  # GPT-NeoX's neox_args.py: moe_expert_interval: int = 1
+
+
+@pytest.mark.parametrize(
+    "extra, interval",
+    [
+        ("", NEOX_DEFAULT_INTERVAL),
+        ("moe_expert_interval: 3\n", 3),
+        ("expert_interval: 2\n", 2),  # GPT-NeoX's name before its dMoE integration
+    ],
+    ids=["125M-dmoe", "moe_expert_interval-3", "old-name-expert_interval-2"],
+)
+def test_gpt_neox_125m_dmoe_builds_experts_where_gpt_neox_does(tmp_path, extra, interval):
+    """GPT-NeoX's ParallelTransformerLayer(layer_number=i), i = 0 .. num_layers - 1 (its
+    gpt2_model.py), has experts when `layer_number % moe_expert_interval == 0`."""
+    import dataclasses
+
+    from megatron.config import load_config
+    from megatron.model.args import ModelArgs
+
+    path = tmp_path / "125M-dmoe.yml"
+    path.write_text(NEOX_125M_DMOE + extra)
+    cfg = load_config([path], warn=[], vocab_size=50257, world_size=1)
+    args = dataclasses.replace(ModelArgs.from_config(cfg), pipe_parallel_size=0)
+    with torch.device("meta"):  # the shapes only: no memory for 12 layers of 8 experts
+        model = build_gpt(args)
+    first = 2  # the transformer layers follow the word and position embeddings (specs.py)
+    with_experts = [int(name.split(".")[0]) - first for name, module in model.named_modules()
+                    if isinstance(module, MoEMLP)]  # fmt: skip
+    assert with_experts == [i for i in range(12) if i % interval == 0]
+    assert [is_moe_layer(args, i) for i in range(12)] == [i % interval == 0 for i in range(12)]
+
+
+def test_moe_layers_count_their_parameters():
+    args = moe_args(num_layers=5)
     model = build_gpt(args)
-    assert len(moe_layers(model)) == 3
+    assert len(moe_layers(model)) == 3  # layers 0, 2, 4 at moe_expert_interval 2
     assert count_model_parameters(model) == count_parameters(args)
 
 

@@ -169,7 +169,7 @@ def test_another_expert_parallel_size_is_refused_and_the_named_reshard_fixes_it(
     with a reshard command, and the folder that command writes passes."""
     from tools import reshard
 
-    moe = dict(moe_num_experts=4, moe_top_k=2, expert_interval=1)
+    moe = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=1)
     saved_cfg = config(world_size=2, moe_expert_parallel_size=2, **moe)
     schema = ModelSchema(ModelArgs.from_config(saved_cfg))
     state, saved = saved_state(saved_cfg), saved_cfg.to_dict()

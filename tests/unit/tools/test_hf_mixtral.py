@@ -88,7 +88,7 @@ def test_ep2_files_are_the_slices_training_saves(imported):
 def test_imported_at_tp2_pp2_gives_transformers_logits(imported):
     hf, ours, reader, _ = imported
     args = reader.args
-    assert (args.moe_num_experts, args.moe_top_k, args.expert_interval) == (4, 2, 1)
+    assert (args.moe_num_experts, args.moe_top_k, args.moe_expert_interval) == (4, 2, 1)
     assert args.moe_router_weights == "softmax_renormalized"
     assert_logits_equal(hf, ours, VOCAB)
 
@@ -126,7 +126,7 @@ def test_export_gives_back_the_hf_model_exactly(imported):
         (dict(moe_router_type="sinkhorn"), "moe_router_type"),
         (dict(moe_router_weights="softmax"), "moe_router_weights"),
         (dict(moe_token_dropping=True), "moe_token_dropping"),
-        (dict(expert_interval=2), "expert_interval"),
+        (dict(moe_expert_interval=2), "moe_expert_interval"),
         (dict(use_bias_in_mlp=True), "use_bias_in_mlp"),
         (dict(moe_type="deepspeed"), "moe_type"),
     ],
