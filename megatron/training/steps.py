@@ -97,7 +97,7 @@ class PlainSteps(EngineSteps):
 
     def __init__(self, engine, dp_group=None, dp_size: int = 1, topology=None, **objective):
         super().__init__(engine, dp_group, dp_size, topology, **objective)
-        self._loss_so_far = torch.zeros((), dtype=torch.float32)
+        self._loss_so_far = torch.zeros((), dtype=torch.float32, device=engine.device)
 
     def local_loss(self):
         return self._loss_so_far
@@ -107,7 +107,8 @@ class PlainSteps(EngineSteps):
 
     def train_step(self, batches) -> float:
         engine = self.engine
-        total = self._loss_so_far = torch.zeros((), dtype=torch.float32)
+        # Summed on the device: one copy to the host per step (in the mean), not per micro-batch
+        total = self._loss_so_far = torch.zeros((), dtype=torch.float32, device=engine.device)
         steps = engine.gradient_accumulation_steps()
         self._before_train_step()
         batches = self._with_reference(batches)
@@ -115,7 +116,7 @@ class PlainSteps(EngineSteps):
             (tokens, positions), labels = next(batches)
             loss = engine.module.loss_fn(engine(tokens, positions), labels)
             engine.backward(loss)
-            total += loss.detach().float().cpu()  # before step(): the last one may update
+            total += loss.detach().float()  # before step(): the last one may update
             engine.step()
         self._after_train_step()
         return self._mean_over_data_parallel(total, steps)
@@ -125,12 +126,12 @@ class PlainSteps(EngineSteps):
         engine = self.engine
         was_training = engine.module.training
         engine.eval()
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=engine.device)
         steps = engine.gradient_accumulation_steps()
         batches = self._with_reference(batches)
         for _ in range(steps):
             (tokens, positions), labels = next(batches)
-            total += engine.module.loss_fn(engine(tokens, positions), labels).float().cpu()
+            total += engine.module.loss_fn(engine(tokens, positions), labels).float()
         engine.train(was_training)
         return self._mean_over_data_parallel(total, steps)
 
