@@ -222,8 +222,9 @@ def expand_attention_config(attention_config, num_layers: int, source: str = "")
 
 def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
     m = cfg.model
-    padded = m.padded_vocab_size
+    padded, true_vocab = m.padded_vocab_size, m.true_vocab_size
     if vocab_size is not None:
+        true_vocab = vocab_size
         padded = pad_vocab_size(
             vocab_size, cfg.tokenizer.make_vocab_size_divisible_by, cfg.parallel.model_parallel_size
         )
@@ -235,6 +236,7 @@ def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
     return dataclasses.replace(
         m,
         padded_vocab_size=padded,
+        true_vocab_size=true_vocab,
         layer_attention_types=types,
         max_position_embeddings=m.max_position_embeddings or m.seq_length,
     )

@@ -186,5 +186,11 @@ class ModelConfig:
     """Vocabulary size padded to a multiple of `make_vocab_size_divisible_by` × tensor-parallel
     size (derived from the tokenizer)."""
 
+    true_vocab_size: int | None = derived()
+    """The tokenizer's vocabulary size (derived). The rows from it up to `padded_vocab_size`
+    are padding: their logits are masked out of the loss, its gradient, evaluation and
+    sampling, so the loss does not depend on the padding (GPT-NeoX lets them take probability
+    mass)."""
+
     layer_attention_types: tuple[str, ...] = derived(())
     """Attention type of each layer, expanded from `attention_config` (derived)."""

@@ -77,7 +77,9 @@ def _train_impl(cfg) -> str:
 _DOC = """Architecture and model-side parallel settings of one GPT model.
 
 Beyond the config keys (see the module docstring): `vocab_size` is the padded vocabulary (rows
-of the embedding and the output head, divisible by the tensor-parallel size); `softmax_fusion`
+of the embedding and the output head, divisible by the tensor-parallel size), of which the
+first `true_vocab_size` are tokens (None: all of them; the loss masks the others out);
+`softmax_fusion`
 says that `global` layers use the fused scale-mask-softmax path (the kernel where available);
 `value_head` ends the model in a reward model's value head (`train_impl: rm`, see
 `megatron/model/head.py`) instead of the vocabulary projection; an empty
@@ -95,6 +97,11 @@ class _ModelArgsMethods:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model {key} must be a positive integer, got {value!r}")
+        if self.true_vocab_size is not None and not 0 < self.true_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"model true_vocab_size {self.true_vocab_size!r} (the tokenizer's) must be in "
+                f"1..{self.vocab_size}, the padded vocabulary"
+            )
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "

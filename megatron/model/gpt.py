@@ -9,9 +9,10 @@
   logits `(b, s, V/tp)`, `model.loss_fn(logits, (labels, loss_mask))` the loss.
 
 Both are built in fp32 on the CPU (the pipeline module then moves itself to the accelerator);
-DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group,
-`args` (the `ModelArgs`) and, with tensor parallelism, hooks summing the gradients of
-sequence-parallel/partial replicated parameters over the tensor-parallel group.
+DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group
+and the true vocabulary (padding logits masked out), `args` (the `ModelArgs`) and, with tensor
+parallelism, hooks summing the gradients of sequence-parallel/partial replicated parameters
+over the tensor-parallel group.
 
 `compile_transformer_layers(model)` compiles each transformer layer in place with
 `torch.compile` (the training config's `torch_compile`).
@@ -161,6 +162,7 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     partition_method = _check_partition_method(args.pipe_partition_method)
     specs = gpt_layer_specs(args, tp_group, ep_group)
     interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
+    loss_fn = bound_loss_fn(tp_group, args.z_loss, args.true_vocab_size)
     if interval:
         configure_activation_checkpointing(args, topology)
     if args.pipe_parallel_size >= 1:
@@ -174,15 +176,13 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
             model = PipelineModule(
                 layers=specs,
                 topology=topology.ds_topology,
-                loss_fn=bound_loss_fn(tp_group, args.z_loss),
+                loss_fn=loss_fn,
                 partition_method=partition_method,
                 activation_checkpoint_interval=interval,
                 checkpointable_layers=TRANSFORMER_LAYER_NAMES,
             )
     else:
-        model = GPTModel(
-            specs, loss_fn=bound_loss_fn(tp_group, args.z_loss), checkpoint_num_layers=interval
-        )
+        model = GPTModel(specs, loss_fn=loss_fn, checkpoint_num_layers=interval)
     model.args = args
     if group_size(tp_group) > 1:
         model.sequence_parallel_grad_hooks = register_sequence_parallel_grad_hooks(model, tp_group)

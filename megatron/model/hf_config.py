@@ -51,6 +51,9 @@ NEUTRAL = frozenset(
         "pipe_partition_method",
         "seed",
         "z_loss",  # a training objective term: the function of the weights is unchanged
+        # Which logit columns the loss counts (padding masked out): the logits are unchanged,
+        # and `vocab_size` in the export trims the padding rows.
+        "true_vocab_size",
     }
 )
 CARRIED = frozenset(

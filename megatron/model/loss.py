@@ -1,10 +1,12 @@
 """The language-model loss, shared by the pipeline and the plain model.
 
-`loss_fn(logits, (labels, loss_mask), tp_group=..., z_loss=...)`: the mean over unmasked tokens
-of the vocab-parallel cross entropy, plus, with `z_loss` > 0, PaLM's z-loss: the coefficient
-times the mean over the same tokens of `logsumexp(logits)²` (it pulls the softmax normaliser
-towards 1 without changing the probabilities). Built models carry it bound to their
-tensor-parallel group and the config's `z_loss` as `model.loss_fn` (DeepSpeed's pipeline engine
+`loss_fn(logits, (labels, loss_mask), tp_group=..., z_loss=..., vocab_size=...)`: the mean over
+unmasked tokens of the vocab-parallel cross entropy, plus, with `z_loss` > 0, PaLM's z-loss: the
+coefficient times the mean over the same tokens of `logsumexp(logits)²` (it pulls the softmax
+normaliser towards 1 without changing the probabilities). Both run over the true vocabulary
+(`vocab_size`, the tokenizer's): the padding columns of the logits are masked out
+(`megatron/parallel/cross_entropy.py`). Built models carry it bound to their tensor-parallel
+group, the config's `z_loss` and `true_vocab_size` as `model.loss_fn` (DeepSpeed's pipeline engine
 calls `module.loss_fn(outputs, labels)`; a plain training loop calls
 `model.loss_fn(model(tokens, position_ids), (labels, loss_mask))`), so the loss a run reports
 includes the z-loss term.
@@ -23,11 +25,15 @@ import torch
 
 from megatron.parallel import reduce_from_tensor_parallel_region, vocab_parallel_cross_entropy
 from megatron.parallel.comm import all_reduce
+from megatron.parallel.cross_entropy import mask_padding
 
 
-def vocab_parallel_logsumexp(logits: torch.Tensor, tp_group=None) -> torch.Tensor:
-    """fp32 `logsumexp` over the full vocabulary of logits split over `tp_group`: `(b, s)`."""
-    x = logits.float()
+def vocab_parallel_logsumexp(
+    logits: torch.Tensor, tp_group=None, vocab_size: int | None = None
+) -> torch.Tensor:
+    """fp32 `logsumexp` over the vocabulary of logits split over `tp_group`: `(b, s)`; with
+    `vocab_size` (the true vocabulary) over its columns only, the padding masked out."""
+    x = mask_padding(logits.float(), tp_group, vocab_size)
     peak = x.max(dim=-1).values.detach()  # any shift is exact; the max keeps exp() in range
     all_reduce(peak, tp_group, op="max")
     total = (x - peak.unsqueeze(-1)).exp().sum(dim=-1)
@@ -40,7 +46,14 @@ def _masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     return (values.reshape(-1) * mask).sum() / torch.where(total > 0, total, 1.0)
 
 
-def loss_fn(logits: torch.Tensor, labels, *, tp_group=None, z_loss: float = 0.0) -> torch.Tensor:
+def loss_fn(
+    logits: torch.Tensor,
+    labels,
+    *,
+    tp_group=None,
+    z_loss: float = 0.0,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
     """Masked mean cross entropy (plus the z-loss term when `z_loss` > 0).
 
     Args:
@@ -49,22 +62,24 @@ def loss_fn(logits: torch.Tensor, labels, *, tp_group=None, z_loss: float = 0.0)
             (1 for tokens that count, 0 for padding/document boundaries).
         tp_group: the tensor-parallel group the vocabulary is split over (None: not split).
         z_loss: coefficient of `mean(logsumexp(logits)²)` over the same tokens.
+        vocab_size: the true vocabulary; logit columns from it on are padding, masked out
+            (None: no padding).
 
     Returns:
         fp32 scalar `sum(loss * mask) / sum(mask)` (0 when the mask is all zero).
     """
     targets, loss_mask = labels
-    losses = vocab_parallel_cross_entropy(logits, targets, tp_group)  # (b, s) fp32
-    loss = _masked_mean(losses, loss_mask)
+    losses = vocab_parallel_cross_entropy(logits, targets, tp_group, vocab_size=vocab_size)
+    loss = _masked_mean(losses, loss_mask)  # fp32
     if z_loss:
         loss = loss + z_loss * _masked_mean(
-            vocab_parallel_logsumexp(logits, tp_group).square(), loss_mask
+            vocab_parallel_logsumexp(logits, tp_group, vocab_size).square(), loss_mask
         )
     return loss
 
 
-def bound_loss_fn(tp_group=None, z_loss: float = 0.0):
-    """`loss_fn` with its tensor-parallel group and z-loss coefficient bound (keeps `__name__`
-    for DeepSpeed's log)."""
-    bound = functools.partial(loss_fn, tp_group=tp_group, z_loss=z_loss)
+def bound_loss_fn(tp_group=None, z_loss: float = 0.0, vocab_size: int | None = None):
+    """`loss_fn` with its tensor-parallel group, z-loss coefficient and true vocabulary bound
+    (keeps `__name__` for DeepSpeed's log)."""
+    bound = functools.partial(loss_fn, tp_group=tp_group, z_loss=z_loss, vocab_size=vocab_size)
     return functools.update_wrapper(bound, loss_fn)

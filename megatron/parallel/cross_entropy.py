@@ -11,8 +11,16 @@ Per token, with `z` the shifted logits, `lse = log(sum exp z)` and smoothing `ep
 
     loss = (1 - eps) * (lse - z[target]) + eps * (lse - mean(z))
 
-Targets must be valid ids in `[0, V)`; masking of padding/unwanted tokens is the caller's job
-(multiply the per-token loss by a loss mask).
+Targets must be token ids (below the true vocabulary, see below); masking unwanted tokens out
+of the loss is the caller's job (multiply the per-token loss by a loss mask).
+
+Vocabulary padding: with `vocab_size` (the tokenizer's, below the padded `V`), the logit
+columns from it on are no tokens. They are masked out (`-inf` before the softmax), so the loss
+is the true vocabulary's whatever the padding (the same at tp 1 and tp 2, where the padding
+differs), label smoothing averages over the true vocabulary, and their gradient is exactly
+zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
+from host integers: no extra collective or synchronisation. GPT-NeoX lets the padding columns
+take probability mass; this departs from it on purpose.
 """
 
 from __future__ import annotations
@@ -23,21 +31,47 @@ import torch.nn.functional as F
 from megatron.parallel.comm import all_reduce, group_rank, group_size
 
 
+def token_columns(vocab_per_rank: int, tp_group=None, vocab_size: int | None = None) -> int:
+    """How many of this rank's `vocab_per_rank` logit columns are tokens (the first ones; the
+    rest are padding): all of them when `vocab_size` (the true vocabulary) is None."""
+    if vocab_size is None:
+        return vocab_per_rank
+    start = group_rank(tp_group) * vocab_per_rank
+    return min(vocab_per_rank, max(0, vocab_size - start))
+
+
+def mask_padding(logits: torch.Tensor, tp_group=None, vocab_size: int | None = None):
+    """This rank's vocabulary slice `(..., V/tp)` with the padding columns at -inf: `logits`
+    itself when the slice holds none, else a new tensor (whose gradient there is zero)."""
+    real = token_columns(logits.shape[-1], tp_group, vocab_size)
+    if real == logits.shape[-1]:
+        return logits
+    padding = torch.arange(logits.shape[-1], device=logits.device) >= real
+    return logits.masked_fill(padding, float("-inf"))
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, group, label_smoothing):
+    def forward(ctx, logits, target, group, label_smoothing, true_vocab=None):
         vocab_per_rank = logits.shape[-1]
-        vocab_size = vocab_per_rank * group_size(group)
+        vocab_size = true_vocab or vocab_per_rank * group_size(group)
         start = group_rank(group) * vocab_per_rank
+        real = token_columns(vocab_per_rank, group, true_vocab)  # the rest is padding
         # fp32 at least (bf16/fp16 logits are upcast; fp64 stays fp64).
         dtype = torch.promote_types(logits.dtype, torch.float32)
         z = logits.to(dtype).reshape(-1, vocab_per_rank)  # (tokens, V/tp)
         flat_target = target.reshape(-1)  # (tokens,)
 
-        # Subtract the global max for a stable exp (a copy: the caller's logits stay intact).
-        local_max = z.max(dim=-1).values
+        # Subtract the global max of the tokens' logits for a stable exp (a copy: the caller's
+        # logits stay intact). A padding logit far above them must not set the shift.
+        if real:
+            local_max = z[:, :real].max(dim=-1).values
+        else:  # only padding here
+            local_max = z.new_full(z.shape[:1], float("-inf"))
         all_reduce(local_max, group, op="max")
         z = z - local_max.unsqueeze(-1)
+        if real < vocab_per_rank:
+            z[:, real:] = float("-inf")  # exp() -> 0: padding takes no probability
 
         outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)
         local_target = (flat_target - start).masked_fill(outside, 0)
@@ -46,7 +80,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
         sums = [target_logit]
         if label_smoothing:
-            sums.append(z.sum(dim=-1))
+            sums.append(z[:, :real].sum(dim=-1))
         exp_z = z.exp_()  # z is our own copy; it becomes the softmax buffer
         sums.insert(1, exp_z.sum(dim=-1))
         # One all-reduce for the per-token sums (target logit, sum exp[, sum z]): (2|3, tokens).
@@ -60,6 +94,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ctx.save_for_backward(softmax, local_target, outside)
         ctx.label_smoothing = label_smoothing
         ctx.vocab_size = vocab_size
+        ctx.real = real
         ctx.input_shape = logits.shape
         ctx.input_dtype = logits.dtype
         ctx.backward_done = False
@@ -75,15 +110,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         ctx.backward_done = True
         softmax, local_target, outside = ctx.saved_tensors
         eps = ctx.label_smoothing
-        # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V, computed in place.
+        # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V, computed in place
+        # (V the true vocabulary; padding columns keep their softmax, 0: no gradient).
         grad = softmax
         rows = torch.arange(grad.shape[0], device=grad.device)
         inside = (~outside).to(grad.dtype)
         grad[rows, local_target] -= (1.0 - eps) * inside
         if eps:
-            grad -= eps / ctx.vocab_size
+            grad[:, : ctx.real] -= eps / ctx.vocab_size
         grad.mul_(grad_loss.reshape(-1, 1).to(grad.dtype))
-        return grad.view(ctx.input_shape).to(ctx.input_dtype), None, None, None
+        return grad.view(ctx.input_shape).to(ctx.input_dtype), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
@@ -91,6 +127,7 @@ def vocab_parallel_cross_entropy(
     target: torch.Tensor,
     tp_group=None,
     label_smoothing: float = 0.0,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """Per-token cross entropy of vocab-sharded logits.
 
@@ -98,9 +135,11 @@ def vocab_parallel_cross_entropy(
         logits_parallel: `(..., V/tp)` this rank's vocabulary slice of the logits (any float
             dtype; the math runs in fp32, or fp64 for fp64 input, and the gradient comes back
             in the input dtype).
-        target: `(...)` integer token ids in `[0, V)`, identical on every tp rank.
+        target: `(...)` integer token ids below `vocab_size`, identical on every tp rank.
         tp_group: the tensor-parallel group; `None` means the logits hold the full vocabulary.
         label_smoothing: in `[0, 1)`, with `torch.nn.functional.cross_entropy`'s meaning.
+        vocab_size: the true vocabulary (the tokenizer's); the logit columns from it up to the
+            padded `V` are masked out (see the module docstring). None: no padding.
 
     Returns:
         `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits).
@@ -112,8 +151,18 @@ def vocab_parallel_cross_entropy(
         )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    padded = logits_parallel.shape[-1] * group_size(tp_group)
+    if vocab_size is not None and not 0 < vocab_size <= padded:
+        raise ValueError(
+            f"vocab_size {vocab_size} (the true vocabulary) must be in 1..{padded}, the "
+            "padded vocabulary of the logits"
+        )
+    true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
     if group_size(tp_group) == 1:
-        # The whole vocabulary is here: PyTorch's fused log-softmax + NLL is faster.
+        # The whole vocabulary is here: PyTorch's fused log-softmax + NLL is faster. Cutting
+        # the padding columns off equals masking them with -inf, and their gradient is zero.
+        if true_vocab is not None:
+            logits_parallel = logits_parallel[..., :true_vocab]
         dtype = torch.promote_types(logits_parallel.dtype, torch.float32)
         logits = logits_parallel.to(dtype).reshape(-1, logits_parallel.shape[-1])
         loss = F.cross_entropy(
@@ -121,5 +170,5 @@ def vocab_parallel_cross_entropy(
         )
         return loss.view(target.shape)
     return _VocabParallelCrossEntropy.apply(
-        logits_parallel, target, tp_group, float(label_smoothing)
+        logits_parallel, target, tp_group, float(label_smoothing), true_vocab
     )

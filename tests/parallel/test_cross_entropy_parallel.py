@@ -3,7 +3,9 @@
 One spawn of 4 gloo ranks. Each rank holds its vocabulary slice of the same logits; the
 per-token loss and the gathered gradient must equal the single-process result within 1e-6
 relative, with and without label smoothing, for (s, b, V) logits and for huge logits that
-overflow a naive softmax.
+overflow a naive softmax; with vocabulary padding over the last two ranks, the
+loss and gradient of `F.cross_entropy` over the token columns alone, the padding's gradient
+exactly zero (a rank holding only padding included).
 """
 
 from __future__ import annotations
@@ -25,18 +27,24 @@ def assert_close(actual, expected, what):
     assert err <= TOL * scale, f"{what}: max error {err:.3e} vs max value {scale:.3e}"
 
 
-def check_against_full(topo, logits, target, label_smoothing):
-    vocab = logits.shape[-1]
+def check_against_full(topo, logits, target, label_smoothing, vocab=None):
+    """`vocab`: the true vocabulary, the columns after it padding (None: no padding); the
+    reference is `F.cross_entropy` over the token columns alone."""
     local = logits.chunk(topo.tp_size, dim=-1)[topo.tp_rank].clone().requires_grad_()
     before = local.detach().clone()
-    loss = vp_ce(local, target, topo.tp_group, label_smoothing=label_smoothing)
+    loss = vp_ce(local, target, topo.tp_group, label_smoothing=label_smoothing, vocab_size=vocab)
     assert torch.equal(local.detach(), before), "the caller's logits were modified"
 
     full = logits.clone().requires_grad_()
+    tokens = full[..., :vocab]
     ref = F.cross_entropy(
-        full.view(-1, vocab), target.view(-1), reduction="none", label_smoothing=label_smoothing
+        tokens.reshape(-1, tokens.shape[-1]),
+        target.view(-1),
+        reduction="none",
+        label_smoothing=label_smoothing,
     ).view(target.shape)
     what = f"tp={topo.tp_size} smoothing={label_smoothing} logits~{logits.abs().max():.0f}"
+    what += f" vocab={vocab}"
     assert_close(loss, ref, f"loss, {what}")
 
     weights = torch.rand(target.shape)  # a loss mask-like upstream gradient
@@ -44,6 +52,8 @@ def check_against_full(topo, logits, target, label_smoothing):
     (ref * weights).sum().backward()
     grad = gather_from_tensor_parallel_region(local.grad, topo.tp_group)
     assert_close(grad, full.grad, f"grad, {what}")
+    if vocab is not None:
+        assert not grad[..., vocab:].any(), f"padding got a gradient, {what}"
 
 
 def _worker(rank, world_size):
@@ -58,6 +68,13 @@ def _worker(rank, world_size):
             check_against_full(topo, logits, target, label_smoothing)
         # exp(1e4) overflows fp32: the global-max shift keeps it finite and exact.
         check_against_full(topo, logits * 1e4, target, 0.0)
+        # Padding: the last 11 columns, more than the last rank's 8 (it holds only padding,
+        # the rank before it some), their logits far above the tokens'.
+        vocab = 8 * tp - 11
+        padded = logits.clone()
+        padded[..., vocab:] += 1e3
+        for label_smoothing in (0.0, 0.1):
+            check_against_full(topo, padded, target % vocab, label_smoothing, vocab)
     return True
 
 

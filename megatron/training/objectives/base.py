@@ -70,6 +70,8 @@ class Objective:
     def __init__(self, cfg, tp_group=None):
         self.cfg = cfg
         self.tp_group = tp_group
+        # The true vocabulary: logit columns from it on are padding, masked out of the loss.
+        self.vocab_size = getattr(getattr(cfg, "model", None), "true_vocab_size", None)
         self.metrics = MetricSums(self.metric_names)
 
     @property

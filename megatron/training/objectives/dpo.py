@@ -60,11 +60,15 @@ class DPO(Objective):
 
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
-        return sequence_logps(logits, labels, mask, self.tp_group, self.fp32).detach()
+        return sequence_logps(
+            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+        ).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref = loss_inputs
-        pi = sequence_logps(logits, labels, mask, self.tp_group, self.fp32)  # (2b,)
+        pi = sequence_logps(
+            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+        )  # (2b,)
         pi_c, pi_r = pi.chunk(2)
         ref_c, ref_r = ref.to(pi.dtype).chunk(2)
         logits_dpo = (pi_c - pi_r) - (ref_c - ref_r)  # (b,)

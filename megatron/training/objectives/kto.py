@@ -77,11 +77,13 @@ class KTO(Objective):
 
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
-        return sequence_logps(logits, labels, mask, self.tp_group, self.fp32).detach()
+        return sequence_logps(
+            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+        ).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref, reward = loss_inputs
-        pi = sequence_logps(logits, labels, mask, self.tp_group, self.fp32)  # (b,)
+        pi = sequence_logps(logits, labels, mask, self.tp_group, self.fp32, self.vocab_size)  # (b,)
         ratio = pi - ref.to(pi.dtype)
         half1, half2 = ratio.detach().chunk(2)
         kl1, kl2 = half1.clamp(min=0).mean(), half2.clamp(min=0).mean()

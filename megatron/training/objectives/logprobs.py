@@ -2,7 +2,9 @@
 
 A sequence's log-probability is the sum over its label tokens (loss mask 1) of the per-token
 log-probability `-vocab_parallel_cross_entropy(logits, labels)`, as GPT-NeoX's `get_logp`
-computes it; the vocabulary may be split over the tensor-parallel group. Reference
+computes it; the vocabulary may be split over the tensor-parallel group, and its padding
+columns are masked out (`vocab_size`, the true vocabulary), so a log-probability is the same
+whatever the padding and matches `generate.py`'s precomputed ones. Reference
 log-probabilities either come from a reference model's logits through the same function or
 from the sample (`ref`, `pos_ref`, `neg_ref`: float per-token values aligned with the text,
 of which the last is dropped exactly as the last token is).
@@ -15,13 +17,15 @@ import torch
 from megatron.parallel import vocab_parallel_cross_entropy
 
 
-def sequence_logps(logits, labels, loss_mask, tp_group=None, fp32: bool = True) -> torch.Tensor:
+def sequence_logps(
+    logits, labels, loss_mask, tp_group=None, fp32: bool = True, vocab_size: int | None = None
+) -> torch.Tensor:
     """`(b,)` sum over masked tokens of log p(label) under `(b, s, V/tp)` logits, in fp32
-    (fp64 for fp64 logits).
+    (fp64 for fp64 logits), over the first `vocab_size` columns (None: all).
 
     `fp32: false` keeps the per-token values and their sum in the logits' dtype (GPT-NeoX's
     `dpo_fp32`/`kto_fp32` off); the cross entropy itself always runs in fp32 here."""
-    token_logps = -vocab_parallel_cross_entropy(logits, labels, tp_group)  # (b, s) fp32
+    token_logps = -vocab_parallel_cross_entropy(logits, labels, tp_group, vocab_size=vocab_size)
     mask = loss_mask.to(token_logps.dtype)
     if not fp32:
         token_logps, mask = token_logps.to(logits.dtype), mask.to(logits.dtype)

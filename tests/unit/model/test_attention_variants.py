@@ -8,7 +8,8 @@
   gives, token by token, the logits of the full forward pass, and a window shorter than the
   sequence does change them (a longer one does not).
 - z-loss: `loss_fn` equals cross entropy + z × masked mean of logsumexp², and at tp=2 (gloo,
-  vocabulary split) the same value and logit gradients as at tp=1.
+  vocabulary split) the same value and logit gradients as at tp=1; with vocabulary padding,
+  both terms over the token columns alone, the padding's gradient zero.
 - q/k/v-only biases and an explicit head_dim: the parameters built are the ones counted.
 - The config keys: accepted (no longer refused as planned), bad values refused by name.
 """
@@ -151,25 +152,48 @@ def test_z_loss_is_the_palm_term_over_the_loss_mask():
     assert actual > plain
 
 
+# The true vocabulary of the padded case: columns 11-15 are padding (5 of rank 1's 8 at tp=2).
+TOKENS = 11
+
+
+def padded_z_loss_inputs():
+    """`z_loss_inputs` with targets among the first `TOKENS` columns and padding logits far
+    above the tokens' (they would take all the probability mass)."""
+    logits, targets, mask = z_loss_inputs()
+    logits[..., TOKENS:] += 40.0
+    return logits, targets % TOKENS, mask
+
+
 def _z_loss_tp2(rank, world_size):
     import torch.distributed as dist
 
-    logits, targets, mask = z_loss_inputs()
-    part = logits.chunk(world_size, -1)[rank].clone().requires_grad_(True)
-    loss = loss_fn(part, (targets, mask), tp_group=dist.group.WORLD, z_loss=1e-2)
-    loss.backward()
-    return loss.item(), part.grad
+    out = []
+    for inputs, vocab in ((z_loss_inputs, None), (padded_z_loss_inputs, TOKENS)):
+        logits, targets, mask = inputs()
+        part = logits.chunk(world_size, -1)[rank].clone().requires_grad_(True)
+        group = dist.group.WORLD
+        loss = loss_fn(part, (targets, mask), tp_group=group, z_loss=1e-2, vocab_size=vocab)
+        loss.backward()
+        out.append((loss.item(), part.grad))
+    return out
 
 
 def test_z_loss_with_the_vocabulary_split_over_tp2():
-    logits, targets, mask = z_loss_inputs()
-    full = logits.clone().requires_grad_(True)
-    expected = z_loss_formula(full, targets, mask, 1e-2)
-    expected.backward()
+    """Without padding, and with padding columns, which the loss and the z-loss leave out: the
+    formula over the token columns alone, and a zero gradient for the padding."""
     results = run_distributed(_z_loss_tp2, 2)
-    for rank, (value, grad) in enumerate(results):
-        assert value == pytest.approx(expected.item(), rel=1e-6)
-        torch.testing.assert_close(grad, full.grad.chunk(2, -1)[rank], rtol=1e-5, atol=1e-6)
+    for case, (inputs, vocab) in enumerate(((z_loss_inputs, None), (padded_z_loss_inputs, TOKENS))):
+        logits, targets, mask = inputs()
+        full = logits.clone().requires_grad_(True)
+        expected = z_loss_formula(full[..., :vocab], targets, mask, 1e-2)
+        expected.backward()  # the padding columns' gradient: zero
+        one_rank = logits.clone().requires_grad_(True)
+        loss_fn(one_rank, (targets, mask), z_loss=1e-2, vocab_size=vocab).backward()
+        torch.testing.assert_close(one_rank.grad, full.grad, rtol=1e-5, atol=1e-6)
+        for rank, result in enumerate(results):
+            value, grad = result[case]
+            assert value == pytest.approx(expected.item(), rel=1e-6)
+            torch.testing.assert_close(grad, full.grad.chunk(2, -1)[rank], rtol=1e-5, atol=1e-6)
 
 
 def test_qkv_only_bias_and_explicit_head_dim_are_built_as_counted():

@@ -1,4 +1,5 @@
-"""vocab_parallel_cross_entropy without tensor parallelism: F.cross_entropy, dtypes, errors."""
+"""vocab_parallel_cross_entropy without tensor parallelism: F.cross_entropy, dtypes, errors,
+and the padding columns of the vocabulary masked out."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from megatron.parallel import vocab_parallel_cross_entropy
 from megatron.parallel.cross_entropy import _VocabParallelCrossEntropy
 
 
-def sharded_path(logits, target, label_smoothing=0.0):
+def sharded_path(logits, target, label_smoothing=0.0, vocab_size=None):
     """The vocab-parallel autograd function itself (tp=1 normally takes F.cross_entropy)."""
-    return _VocabParallelCrossEntropy.apply(logits, target, None, float(label_smoothing))
+    return _VocabParallelCrossEntropy.apply(
+        logits, target, None, float(label_smoothing), vocab_size
+    )
 
 
 @pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, sharded_path])
@@ -64,3 +67,39 @@ def test_errors():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward per forward"):
         loss.backward()
+
+
+@pytest.mark.parametrize("fn", [vocab_parallel_cross_entropy, sharded_path])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_padding_columns_are_masked_out(label_smoothing, fn):
+    """With the true vocabulary 17 of 24 padded columns, the loss is `F.cross_entropy` over the
+    17 token columns alone (label smoothing averaging over them), however large the padding
+    logits are, and the padding columns get exactly zero gradient."""
+    torch.manual_seed(2)
+    vocab, padded = 17, 24
+    logits = torch.randn(5, 3, padded) * 4
+    logits[..., vocab:] = 50.0 + torch.rand(5, 3, padded - vocab)  # would take all the mass
+    logits.requires_grad_()
+    target = torch.randint(0, vocab, (5, 3))
+    target[0] = vocab - 1
+    tokens_only = logits.detach()[..., :vocab].clone().requires_grad_()
+    loss = fn(logits, target, label_smoothing=label_smoothing, vocab_size=vocab)
+    ref = F.cross_entropy(
+        tokens_only.reshape(-1, vocab),
+        target.view(-1),
+        reduction="none",
+        label_smoothing=label_smoothing,
+    ).view(5, 3)
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)
+    up = torch.rand(5, 3)
+    (loss * up).sum().backward()
+    (ref * up).sum().backward()
+    torch.testing.assert_close(logits.grad[..., :vocab], tokens_only.grad, rtol=1e-6, atol=1e-7)
+    assert torch.equal(logits.grad[..., vocab:], torch.zeros(5, 3, padded - vocab))
+
+
+def test_true_vocabulary_beyond_the_logits_is_refused():
+    with pytest.raises(ValueError, match=r"vocab_size 9 \(the true vocabulary\) must be in 1..8"):
+        vocab_parallel_cross_entropy(
+            torch.randn(3, 8), torch.zeros(3, dtype=torch.long), None, 0, 9
+        )

@@ -3,7 +3,9 @@
 DPO: Rafailov et al. 2023, eq. 7. KTO: Ethayarajh et al. 2024, eq. 8, with GPT-NeoX's
 reference point (each half of the micro-batch uses the other half's clamped mean log-ratio,
 without gradient). Log-probabilities here come from `torch.log_softmax`, not from our
-vocab-parallel cross entropy; checked on random logits and on a real tiny model.
+vocab-parallel cross entropy; checked on random logits and on a real tiny model, whose
+vocabulary (100 tokens) is padded to 128 rows: the log-probabilities are over the 100 tokens,
+the padding logits masked out.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from tests.unit.training.conftest import tiny_config
 V = 11
 
 
-def _seq_logps(logits, labels, mask):
-    logp = torch.log_softmax(logits.double(), dim=-1)
+def _seq_logps(logits, labels, mask, vocab=None):
+    logp = torch.log_softmax(logits[..., :vocab].double(), dim=-1)
     return (logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1) * mask).sum(-1)
 
 
@@ -63,6 +65,11 @@ def _cfg(**changes):
     return tiny_config().replace(**changes)
 
 
+def _random_logits_cfg(**changes):
+    """`_cfg` for logits of `V` columns, all of them tokens."""
+    return _cfg(true_vocab_size=V, **changes)
+
+
 def _batch(b, s, seed=0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, s, V, generator=g, dtype=torch.float64) * 2
@@ -82,7 +89,7 @@ def test_registry_names_every_train_impl_value():
 
 @pytest.mark.parametrize("beta", [0.1, 0.5])
 def test_dpo_loss_and_gradient_match_the_paper(beta):
-    cfg = _cfg(train_impl="dpo", dpo_beta=beta)
+    cfg = _random_logits_cfg(train_impl="dpo", dpo_beta=beta)
     objective = build_objective(cfg)
     logits, labels, mask = _batch(6, 7)
     ref = torch.randn(6, dtype=torch.float64)
@@ -128,7 +135,7 @@ def _kto_sample(token_rewards, seed):
 
 def test_kto_loss_and_gradient_match_the_paper():
     beta, w_d, w_u = 0.3, 1.0, 1.5
-    cfg = _cfg(
+    cfg = _random_logits_cfg(
         train_impl="kto", kto_beta=beta, kto_desirable_weight=w_d, kto_undesirable_weight=w_u
     )
     objective = build_objective(cfg)
@@ -153,7 +160,7 @@ def test_kto_loss_and_gradient_match_the_paper():
 
 
 def test_fp32_off_keeps_bf16_sums():
-    cfg = _cfg(train_impl="dpo", dpo_fp32=False)
+    cfg = _random_logits_cfg(train_impl="dpo", dpo_fp32=False)
     logits, labels, mask = _batch(4, 9, seed=2)
     objective = build_objective(cfg)
     low = objective.reference_logps(logits.bfloat16(), (labels, mask))
@@ -221,12 +228,18 @@ def test_gradients_of_a_real_tiny_model_match_the_formula(name):
 
     ours = grads(lambda logits: objective.loss(logits, (labels, mask, *extra)))
     beta = 0.1
+    vocab = cfg.model.true_vocab_size
+    assert vocab < cfg.model.padded_vocab_size  # padding rows to mask out
     if name == "dpo":
-        theirs = grads(lambda lg: dpo_reference(_seq_logps(lg, labels, mask), ref.double(), beta))
+
+        def dpo(lg):
+            return dpo_reference(_seq_logps(lg, labels, mask, vocab), ref.double(), beta)
+
+        theirs = grads(dpo)
     else:
 
         def kto(lg):
-            pi = _seq_logps(lg, labels, mask)
+            pi = _seq_logps(lg, labels, mask, vocab)
             return kto_reference(pi, ref.double(), reward.double(), beta, 1.0, 1.0)
 
         theirs = grads(kto)
@@ -250,6 +263,7 @@ def test_stored_reference_equals_the_reference_models_own():
     def per_token(tokens):
         with torch.no_grad():
             logits = model(tokens[:, :-1], torch.arange(8).expand(2, 8))
+        logits = logits[..., : cfg.model.true_vocab_size]  # as InferenceModel cuts them
         logp = torch.log_softmax(logits.double(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
         return torch.cat([logp, torch.zeros(2, 1, dtype=logp.dtype)], dim=1)  # (2, 9)
 
