@@ -37,7 +37,10 @@ expert-parallel rank's files (`CheckpointReader`, `experts.py`) and are written 
 and targets only: ZeRO partitions saved at ep > 1 are not read, a ZeRO target at ep > 1 is
 refused). The default keeps the source's size.
 
-The padded vocabulary follows the target tensor-parallel size as the config system derives it
+The padded vocabulary stays the checkpoint's when the target tensor-parallel size divides it
+(`megatron/config/derive.py::kept_padded_vocab`): padding logits are masked out of the loss,
+so the model computes the same function, and the run resuming it keeps that size
+(`megatron/training/resume_vocab.py`). Otherwise it is re-derived for the target
 (`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
 zero rows are added, or trailing padding rows dropped, in the vocabulary tables and their
 optimizer state.
@@ -96,11 +99,17 @@ def tokenizer_vocab_size(cfg) -> int | None:
 
 def target_config(cfg, tp: int, pp: int, zero_stage: int = 0, ep: int | None = None):
     """The source config at layout (tp, pp), ZeRO `zero_stage` and expert-parallel size `ep`
-    (None: the source's), padded vocabulary re-derived for `tp`."""
-    from megatron.config import pad_vocab_size
+    (None: the source's), its padded vocabulary kept if `tp` divides it, else re-derived."""
+    from megatron.config import kept_padded_vocab
 
-    vocab = tokenizer_vocab_size(cfg) or cfg.model.padded_vocab_size
-    padded = pad_vocab_size(vocab, cfg.tokenizer.make_vocab_size_divisible_by, tp)
+    m = cfg.model
+    vocab = tokenizer_vocab_size(cfg) or m.true_vocab_size  # None: unknown here
+    padded = kept_padded_vocab(
+        m.padded_vocab_size,
+        vocab or m.padded_vocab_size,
+        cfg.tokenizer.make_vocab_size_divisible_by,
+        tp,
+    )
     ep = cfg.moe.moe_expert_parallel_size if ep is None else ep
     dp = math.lcm(cfg.parallel.data_parallel_size or 1, ep)  # ep divides dp
     # The recorded config says the stage the files are written for: 0 (module and optimizer
@@ -110,6 +119,7 @@ def target_config(cfg, tp: int, pp: int, zero_stage: int = 0, ep: int | None = N
         model_parallel_size=tp,
         pipe_parallel_size=pp,
         padded_vocab_size=padded,
+        true_vocab_size=vocab,
         world_size=dp * tp * max(1, pp),
         data_parallel_size=dp,
         zero_optimization=zero,

@@ -2,7 +2,7 @@
 
 from megatron.config.bundle import config_from_argv, decode_bundle, encode_bundle
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
-from megatron.config.derive import pad_vocab_size
+from megatron.config.derive import kept_padded_vocab, pad_vocab_size, resumed_padded_vocab
 from megatron.config.ds_export import deepspeed_config
 from megatron.config.resolve import config_from_dict, load_config, resolve_settings
 from megatron.config.schema import ConfigError
@@ -17,7 +17,9 @@ __all__ = [
     "decode_bundle",
     "deepspeed_config",
     "encode_bundle",
+    "kept_padded_vocab",
     "load_config",
     "pad_vocab_size",
     "resolve_settings",
+    "resumed_padded_vocab",
 ]

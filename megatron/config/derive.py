@@ -35,6 +35,39 @@ def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp_size: 
     return -(-vocab_size // multiple) * multiple
 
 
+def kept_padded_vocab(
+    saved: int | None, vocab_size: int, make_vocab_size_divisible_by: int, tp_size: int
+) -> int:
+    """The padded vocabulary at `tp_size` of a model saved with `saved` vocabulary rows:
+    `saved` itself when it holds the tokenizer's `vocab_size` tokens and is a multiple of
+    `make_vocab_size_divisible_by` (as at any tensor-parallel size) and of `tp_size`, else
+    `pad_vocab_size`'s. Padding rows are masked out of the loss (`true_vocab_size`), so keeping
+    the saved rows keeps both the model's function and the checkpoint's shapes."""
+    if (
+        saved is not None
+        and saved >= vocab_size
+        and saved % make_vocab_size_divisible_by == 0
+        and saved % tp_size == 0
+    ):
+        return saved
+    return pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tp_size)
+
+
+def resumed_padded_vocab(cfg: Config, saved: int | None) -> int | None:
+    """The padded vocabulary a run of `cfg` builds to resume a checkpoint saved with `saved`
+    vocabulary rows (None: no checkpoint): `kept_padded_vocab`'s, or the derived one when
+    the tokenizer's size is unknown (a dry run without its files)."""
+    m = cfg.model
+    if saved is None or m.true_vocab_size is None:
+        return m.padded_vocab_size
+    return kept_padded_vocab(
+        saved,
+        m.true_vocab_size,
+        cfg.tokenizer.make_vocab_size_divisible_by,
+        cfg.parallel.model_parallel_size,
+    )
+
+
 def derive_parallel(cfg: Config, sources: dict[str, str], world_size: int | None):
     p = cfg.parallel
     world = world_size or p.world_size or 1

@@ -11,7 +11,9 @@ Only small files are read: the folder listing, `config.json` and no tensor. The 
 are compared through `ModelSchema` (the checkpoint tools' one definition of every parameter's
 full shape, built on the `meta` device from the model code); the error names each model key
 whose value differs, as `megatron/model/hf_config.py` classifies them (every `ModelArgs` field
-not in `NEUTRAL` can change the weights or what they compute). A training run also needs the
+not in `NEUTRAL` can change the weights or what they compute); a training run is compared with
+the padded vocabulary it will build, the checkpoint's where the trainer keeps it
+(`megatron/training/resume_vocab.py`). A training run also needs the
 checkpoint's layout: DeepSpeed loads only the tensor/pipeline layout it saved, ZeRO partitions
 only at the data-parallel size and ZeRO-or-not they were saved with (a ZeRO engine given a
 checkpoint without partitions would silently start its optimizer afresh); any other layout is
@@ -46,7 +48,7 @@ from megatron.checkpoint_tools.universal import (
     reshard_stage,
     universal_target_problem,
 )
-from megatron.config import Config
+from megatron.config import Config, resumed_padded_vocab
 from megatron.config.resolve import is_training_script
 from megatron.model import ModelArgs
 from megatron.model.args import CONFIG_ONLY
@@ -211,7 +213,11 @@ def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
         note = f"{layout.folder} has no config.json: its model shape is not checked"
         return [Finding(NAME, WARNING, note)]
     try:
-        saved = ModelArgs.from_config(load_saved_config(layout))
+        saved_cfg = load_saved_config(layout)
+        if training:  # the trainer keeps the checkpoint's padding where it can
+            padded = resumed_padded_vocab(cfg, saved_cfg.model.padded_vocab_size)
+            cfg = cfg.replace(padded_vocab_size=padded)
+        saved = ModelArgs.from_config(saved_cfg)
         wanted = ModelArgs.from_config(cfg)
     except (ValueError, TypeError, KeyError) as err:
         note = f"model shape not checked: {layout.config_file} could not be read ({err})"

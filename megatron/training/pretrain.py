@@ -52,6 +52,7 @@ from megatron.training.report import (
     run_layout,
     startup_report,
 )
+from megatron.training.resume_vocab import with_checkpoint_vocab
 from megatron.training.signals import StopRequest
 from megatron.training.steps import engine_steps
 
@@ -211,6 +212,7 @@ def pretrain(cfg) -> TrainResult:
     from megatron.data import build_tokenizer
     from megatron.parallel import get_rng_tracker
 
+    cfg = with_checkpoint_vocab(cfg)  # a resumed run keeps its checkpoint's padded size
     topology = initialize_distributed(cfg)
     rank = dist.get_rank()
     objective = build_objective(cfg, topology.tp_group)
