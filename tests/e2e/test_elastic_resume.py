@@ -6,6 +6,12 @@ would (filling in the output folder) and loads the result at the ZeRO stage the 
 (the config's own stage 1 here, through DeepSpeed's universal-checkpoint loader); each run
 continues after step 3 with the converted optimizer state and finishes, and the two agree at
 the same global batch.
+
+Vocabulary padding (issue item 6): with `make_vocab_size_divisible_by: 40` the character
+vocabulary (512) is padded to 520 rows at tp 1 and to 560 at tp 2. A finished dp-2 ZeRO-1 run
+resumed from its step-3 checkpoint at tp 2, after the reshard command the refusal prints
+(which keeps the 520 rows), repeats the finished run's losses of steps 4-6 within 1e-5: the
+padding logits take no part in the loss.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.checkpoint_folders import read_latest
+from megatron.training.checkpoint_folders import read_latest, write_latest
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 
@@ -151,3 +157,20 @@ def test_a_run_killed_at_2_ranks_resumes_at_1_and_4_ranks(tmp_path):
         assert read_latest(folder / "ckpt") == "global_step12"
     # The same converted state and batches at two layouts: the same run (fp32, dropout 0).
     assert list(losses[4].values()) == pytest.approx(list(losses[1].values()), rel=1e-5)
+
+
+def test_a_resume_at_tp2_repeats_the_losses_whatever_the_vocabulary_padding(tmp_path):
+    padding = dict(make_vocab_size_divisible_by=40, train_iters=6)  # 520 rows at tp 1
+    finished = tmp_path / "finished"
+    code, out = _deepy(finished, num_gpus=2, **padding)  # dp 2, ZeRO 1, saves at 3 and 6
+    assert code == 0, out[-4000:]
+    write_latest(finished / "ckpt", "global_step3")  # resume where a run stopped at 3 would
+    folder = tmp_path / "tp2"
+    layout = dict(num_gpus=2, model_parallel_size=2, gradient_accumulation_steps=4, **padding)
+    stage, out = _resume_as_a_user(folder, finished / "ckpt", **layout)
+    expected, resumed = _losses(finished), _losses(folder)
+    assert sorted(resumed) == [4, 5, 6], out[-3000:]
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-5), step
+    saved = json.loads((folder / "ckpt" / "global_step6" / "config.json").read_text())
+    assert (saved["model_parallel_size"], saved["padded_vocab_size"]) == (2, 520)  # kept
