@@ -37,9 +37,9 @@ def _batches(seed: int):
     return out
 
 
-def _with_rows(args, state: dict, rows: int, seed: int) -> dict:
+def _with_rows(args, state: dict, rows: int, seed: int) -> tuple[dict, set[str]]:
     """`state` with its vocabulary tables cut to the tokens' rows and padded to `rows` with
-    random ones."""
+    random ones, and the tables' names."""
     gen = torch.Generator().manual_seed(seed)
     tables = {n for n, spec in ModelSchema(args).params.items() if spec.is_vocab_table}
     out = dict(state)
