@@ -8,7 +8,7 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
 
     per layer and token, forward:
         QKV projection      2 · h · (nq + 2 · nkv) · d       d = head dim
-        scores and mixing   2 · 2 · s · nq · d                (full s × s: see below)
+        scores and mixing   2 · 2 · k · nq · d    k = keys per query: s, or min(s, W + 1)
         output projection   2 · nq · d · h
         MLP                 2 · h · f · (3 if gated else 2)   f = inner width per branch
         MoE layer's MLP     k · (expert MLP as above) + 2 · h · E (router)
@@ -17,11 +17,17 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
 A mixture-of-experts layer (every `moe_expert_interval`-th) counts the `k` experts each token
 runs (tokens dropped over capacity are still counted) and its router, not all `E` experts.
 
-Causal attention is counted in full (the whole `s × s` score matrix), as Megatron, GPT-NeoX
-and PaLM's MFU do and as `torch.utils.flop_counter` counts both explicit-softmax attention and
-`scaled_dot_product_attention`; it is not halved for the causal mask. Tied or untied heads
-cost the same; embedding lookups, norms, rotary/ALiBi, activations and the loss are not
-matmuls and are not counted.
+Causal attention is counted in full (the whole `s × s` score matrix, k = s), as Megatron,
+GPT-NeoX and PaLM's MFU do and as `torch.utils.flop_counter` counts both explicit-softmax
+attention and `scaled_dot_product_attention`; it is not halved for the causal mask. With a
+sliding window (`sliding_window_width` W) the math needs at most W + 1 keys per query (itself
+and the W before it), so k = min(s, W + 1): the window's band, by the same rule (the causal
+triangle at the start of the sequence is not subtracted, as it is not for full attention).
+These are model FLOPs, what the math needs: our backends compute the whole `s × s` score
+matrix and mask it (so a FLOP counter over them sees `s`), a flash kernel with a window does
+not, and MFU must not depend on which ran. A Mistral-7B shape at 32k tokens with W = 4096
+would otherwise be overstated about 1.9×. Tied or untied heads cost the same; embedding
+lookups, norms, rotary/ALiBi, activations and the loss are not matmuls and are not counted.
 
 A training step costs 3× the forward (backward = 2× forward). Activation recomputation is not
 counted: these are model FLOPs, not hardware FLOPs (PaLM's definition of MFU), so MFU is
@@ -81,6 +87,15 @@ class ModelShape:
     moe_num_experts: int = 1
     moe_top_k: int = 1
     gated_experts: bool = False
+    sliding_window: int | None = None
+    """`sliding_window_width` W: each query attends to itself and the W keys before it."""
+
+    @property
+    def attended_keys(self) -> int:
+        """Keys each query's attention is counted over: the sequence, or the window."""
+        if self.sliding_window is None:
+            return self.seq_length
+        return min(self.seq_length, self.sliding_window + 1)
 
     @classmethod
     def from_args(cls, args: ModelArgs) -> ModelShape:
@@ -99,6 +114,7 @@ class ModelShape:
             moe_num_experts=args.moe_num_experts,
             moe_top_k=args.moe_top_k,
             gated_experts=build_activation(args.activation).gated or args.moe_glu,
+            sliding_window=args.sliding_window_width,
         )
 
 
@@ -109,10 +125,10 @@ def shape_from_config(cfg) -> ModelShape:
 
 def forward_flops_per_token(shape: ModelShape) -> float:
     """Forward-pass matmul FLOPs per token (see the module docstring)."""
-    h, s, d = shape.hidden_size, shape.seq_length, shape.head_dim
+    h, keys, d = shape.hidden_size, shape.attended_keys, shape.head_dim
     q_width, kv_width = shape.num_attention_heads * d, shape.num_kv_heads * d
     qkv = 2 * h * (q_width + 2 * kv_width)
-    attention = 2 * 2 * s * q_width  # q k^T and probs v, each (s × d) · (d × s) per head
+    attention = 2 * 2 * keys * q_width  # q k^T and probs v: each query against `keys` keys
     dense = 2 * q_width * h
     mlp = 2 * h * shape.mlp_inner_size * (3 if shape.gated_mlp else 2)
     expert = 2 * h * shape.mlp_inner_size * (3 if shape.gated_experts else 2)

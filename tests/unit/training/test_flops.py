@@ -5,6 +5,11 @@ our model built from a resolved config (shipped GPT-NeoX, Llama and Llama-7B con
 meta device so the 7B shape costs nothing), the Hugging Face model our export builds, and
 the `transformers` Llama a Hugging Face import starts from. The counted figure must be within
 2% (it is exact: both count matmuls only, attention in full).
+
+A sliding window is counted as what the math needs, W + 1 keys per query (flops.py): our
+backends compute the whole score matrix and mask it, so the counter sees the window only where
+every query's keys are all in it, a sequence of W + 1 tokens; and the 7B-shaped figure is
+checked against the formula written out here.
 """
 
 from __future__ import annotations
@@ -113,6 +118,35 @@ def test_training_is_6n_plus_full_causal_attention():
     n_matmul = layers * (4 * h * h + 3 * h * f) + h * v
     expected = 6 * n_matmul + 12 * layers * seq * h
     assert training_flops_per_token(shape_from_config(cfg)) == expected
+
+
+# Mistral-7B's shape on NeoX's Llama-7B config: GQA 32/8, SwiGLU 14336 per branch
+# (int(2/3 · 43008) // 2), 32k tokens, Hugging Face's sliding_window 4096 + 1.
+MISTRAL_7B = ["num_kv_heads=8", "intermediate_size=43008", "seq_length=32768",
+              "max_position_embeddings=32768", "sliding_window_width=4096"]  # fmt: skip
+
+
+def test_a_sliding_window_counts_the_window_not_the_sequence():
+    """6 N + 12 L k h with k = W + 1 keys per query (PaLM's formula, attention over the window)."""
+    cfg = load_config(["llama-7B"], PLAIN + MISTRAL_7B, world_size=1, vocab_size=32000)
+    h, layers, kv, f, v, seq, window = 4096, 32, 1024, 14336, 32000, 32768, 4096
+    n_matmul = layers * (2 * h * h + 2 * h * kv + 3 * h * f) + h * v
+    expected = 6 * n_matmul + 12 * layers * (window + 1) * h
+    assert training_flops_per_token(shape_from_config(cfg)) == expected
+    full = 6 * n_matmul + 12 * layers * seq * h  # what the count said before: 1.9x
+    assert full / expected == pytest.approx(1.92, abs=0.01)
+
+
+@pytest.mark.parametrize("attention", ["global", "sdpa"])
+def test_a_sliding_window_matches_the_counter_where_every_key_is_in_the_window(attention):
+    window, seq = 15, 64
+    overrides = [f"sliding_window_width={window}", f"attention_config=[[['{attention}'], 'all']]"]
+    cfg = load_config(["llama-small"], PLAIN + overrides, world_size=1, vocab_size=32000)
+    args = ModelArgs.from_config(cfg)
+    args = dataclasses.replace(args, seq_length=seq, max_position_embeddings=seq)
+    counted = _counted_ours(args, window + 1)  # the last query sees W + 1 keys, all unmasked
+    assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-9)
+    assert _counted_ours(args, seq) > counted  # the backend itself computes all s × s scores
 
 
 def test_peak_by_device_and_matmul_precision():
