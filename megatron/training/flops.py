@@ -32,6 +32,20 @@ lookups, norms, rotary/ALiBi, activations and the loss are not matmuls and are n
 A training step costs 3× the forward (backward = 2× forward). Activation recomputation is not
 counted: these are model FLOPs, not hardware FLOPs (PaLM's definition of MFU), so MFU is
 comparable between runs with and without checkpointing.
+
+What a step counts, for every objective (`step_work`, the one definition behind the start-up
+report, the run summary and the logged `tokens_per_sec`, `tflops_per_gpu` and `mfu`):
+
+    tokens    the tokens of the sequences the policy trains on, `seq_length` each (padding
+              included): `train_batch_size` sequences (`normal`, `kto`), or twice that for the
+              pairwise objectives (`dpo`, `rm`: a sample is a chosen and a rejected sequence)
+    FLOPs     tokens × (3 × forward of the policy
+                        + 1 × forward of the frozen reference model, when one runs: DPO and
+                          KTO, a quarter of such a step; none with reference log-probabilities
+                          read from the data, `precompute_model_name`, or `dpo_reference_free`)
+
+so tokens/s is tokens / time, TFLOP/s is FLOPs / time / devices and MFU is TFLOP/s / peak:
+every forward and backward the step ran, the reference's included, none twice.
 """
 
 from __future__ import annotations
@@ -144,6 +158,49 @@ def forward_flops_per_token(shape: ModelShape) -> float:
 def training_flops_per_token(shape: ModelShape) -> float:
     """Forward + backward: 3 × the forward FLOPs."""
     return 3.0 * forward_flops_per_token(shape)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one training step runs (module docstring: "What a step counts")."""
+
+    samples: int
+    """Samples per step: `train_batch_size`."""
+    sequences_per_sample: int
+    """2 for a pairwise objective (chosen and rejected), else 1."""
+    seq_length: int
+    training_flops_per_token: float
+    """The policy's forward and backward."""
+    reference_flops_per_token: float = 0.0
+    """The frozen reference model's forward over the same tokens (0: none runs)."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the policy trains on per step."""
+        return self.samples * self.sequences_per_sample * self.seq_length
+
+    @property
+    def flops_per_token(self) -> float:
+        """Everything the step runs, per token trained on."""
+        return self.training_flops_per_token + self.reference_flops_per_token
+
+    @property
+    def flops(self) -> float:
+        return self.tokens * self.flops_per_token
+
+
+def step_work(cfg, objective=None) -> StepWork:
+    """The work of one step of `cfg`'s run under `objective` (`megatron/training/objectives/`;
+    None: the language model)."""
+    shape = shape_from_config(cfg)
+    reference = objective is not None and objective.needs_reference  # a reference model runs
+    return StepWork(
+        samples=cfg.training.train_batch_size,
+        sequences_per_sample=2 if objective is not None and objective.pairwise else 1,
+        seq_length=cfg.model.seq_length,
+        training_flops_per_token=training_flops_per_token(shape),
+        reference_flops_per_token=forward_flops_per_token(shape) if reference else 0.0,
+    )
 
 
 def matmul_precision(dtype: str) -> str:

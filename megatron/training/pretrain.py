@@ -35,7 +35,7 @@ from megatron.training.data_setup import (
 )
 from megatron.training.engine_setup import build_engine
 from megatron.training.evaluation import EvalResult, Evaluator
-from megatron.training.flops import peak_tflops, shape_from_config, training_flops_per_token
+from megatron.training.flops import peak_tflops, step_work
 from megatron.training.initialize import initialize_distributed, seed_everything
 from megatron.training.loggers import build_loggers
 from megatron.training.loss_scaling import SkippedStepGuard
@@ -185,14 +185,14 @@ def _profiler(cfg, rank) -> list:
     return [ProfilerCallback(settings, rank)] if settings is not None else []
 
 
-def _report(cfg, topology, loggers, flops, train_iters, state, datasets, notice=None) -> None:
+def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice=None) -> None:
     sizes = dict(zip(("train", "valid", "test"), datasets))
     loggers.log_text(
         startup_report(
             cfg,
             topology,
             parameters=_count_parameters(cfg),
-            flops_per_token=flops,
+            work=work,
             train_iters=train_iters,
             resumed_from=state.iteration,
             dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
@@ -255,17 +255,18 @@ def pretrain(cfg) -> TrainResult:
     valid_batches = make_batches(datasets[1], valid_samples_consumed(cfg, state.iteration))
     io.restore_rng(loaded)  # after the iterators: creating one draws from torch's generator
 
-    flops = training_flops_per_token(shape_from_config(cfg))
+    work = step_work(cfg, objective)  # tokens and FLOPs of a step (flops.py)
     loggers = build_loggers(cfg, rank, train_iters)
     started_at = state.iteration
     try:
-        _report(cfg, topology, loggers, flops, train_iters, state, datasets, notice)
+        _report(cfg, topology, loggers, work, train_iters, state, datasets, notice)
         steps = engine_steps(engine, topology, objective, reference)
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
-        tokens_per_step = t.train_batch_size * cfg.model.seq_length
-        monitor = TrainMonitor(tokens_per_step, flops, topology.world_size, peak, train_iters)
+        monitor = TrainMonitor(
+            work.tokens, work.flops_per_token, topology.world_size, peak, train_iters
+        )
         callbacks = _callbacks(
             cfg,
             monitor=monitor,
@@ -306,7 +307,12 @@ def pretrain(cfg) -> TrainResult:
                 result.test = evaluator.run(state.iteration, "test", make_batches(datasets[2], 0))
         seconds = monitor.clock() - monitor.start
         summary = final_summary(
-            cfg, result, started_at=started_at, train_iters=train_iters, seconds=seconds
+            cfg,
+            result,
+            started_at=started_at,
+            train_iters=train_iters,
+            seconds=seconds,
+            tokens_per_step=work.tokens,
         )
         loggers.log_text(summary)
     finally:

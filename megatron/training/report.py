@@ -1,9 +1,10 @@
-"""The start-up report: model size and FLOPs, parallel layout, batch arithmetic, data sizes."""
+"""The start-up report: model size and FLOPs, parallel layout, batch arithmetic, data sizes;
+the run summary."""
 
 from __future__ import annotations
 
 from megatron.config.parallel import hpz_partition_size
-from megatron.training.flops import peak_description
+from megatron.training.flops import StepWork, peak_description
 
 
 def _num(n: float) -> str:
@@ -48,16 +49,16 @@ def startup_report(
     topology,
     *,
     parameters: int,
-    flops_per_token: float,
+    work: StepWork,
     train_iters: int,
     dataset_sizes: dict[str, int | None],
     resumed_from: int = 0,
     layout_notice: str | None = None,
 ) -> str:
-    """Lines printed once by rank 0 before training (`layout_notice`: see
-    `layout_change_notice`)."""
+    """Lines printed once by rank 0 before training (`work`: `flops.step_work`;
+    `layout_notice`: see `layout_change_notice`)."""
     t, m, p = cfg.training, cfg.model, cfg.parallel
-    tokens_per_step = t.train_batch_size * m.seq_length
+    tokens_per_step, pairs = work.tokens, work.sequences_per_sample == 2
     data = ", ".join(
         f"{name} {size:,} samples" if size is not None else f"{name} none"
         for name, size in dataset_sizes.items()
@@ -68,16 +69,18 @@ def startup_report(
             f"  model: {parameters:,} parameters ({_num(parameters)}), {m.num_layers} layers, "
             f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}, "
             f"vocab {m.padded_vocab_size}",
-            f"  FLOPs per token (training, model FLOPs): {_num(flops_per_token)}; per step "
-            f"{_num(flops_per_token * tokens_per_step)}; "
+            f"  FLOPs per token (model FLOPs): {_flops_per_token(work)}; per step "
+            f"{_num(work.flops)}; "
             + peak_description(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops),
             f"  layout: world {topology.world_size} = data {topology.dp_size} × pipeline "
             f"{p.pipe_parallel_size or 1} ({'pipeline engine' if p.pipe_parallel_size else 'plain engine'})"  # noqa: E501
             f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}{_hpz(p)}; precision "
             f"{cfg.precision.dtype}; optimizer {cfg.optimizer.optimizer_type}",
-            f"  batch: global {t.train_batch_size} = micro {t.train_micro_batch_size_per_gpu} "
+            f"  batch: global {t.train_batch_size}{' pairs' if pairs else ''} = micro "
+            f"{t.train_micro_batch_size_per_gpu} "
             f"× accumulation {t.gradient_accumulation_steps} × data-parallel {topology.dp_size}"
-            f" = {tokens_per_step:,} tokens per step",
+            + (f" = {work.samples * 2} sequences (chosen and rejected)" if pairs else "")
+            + f" = {tokens_per_step:,} tokens per step",
             f"  schedule: {train_iters} iterations ({_num(train_iters * tokens_per_step)} "
             f"tokens), starting at {resumed_from}",
             f"  data: {data}"
@@ -87,17 +90,32 @@ def startup_report(
     )
 
 
-def final_summary(cfg, result, *, started_at: int, train_iters: int, seconds: float) -> str:
+def _flops_per_token(work: StepWork) -> str:
+    """The training FLOPs per token, and the reference model's forward apart when one runs."""
+    training = f"training {_num(work.training_flops_per_token)}"
+    if not work.reference_flops_per_token:
+        return training
+    share = work.reference_flops_per_token / work.flops_per_token
+    return (
+        f"{training} + reference model forward {_num(work.reference_flops_per_token)} "
+        f"({share:.0%} of the step) = {_num(work.flops_per_token)}"
+    )
+
+
+def final_summary(
+    cfg, result, *, started_at: int, train_iters: int, seconds: float, tokens_per_step: int
+) -> str:
     """Lines printed once by rank 0 when training ends: where it stopped, the final losses,
     tokens and time of this run, and where the checkpoint and the logs are.
 
     `result` is pretrain's `TrainResult`; `started_at` the iteration the run resumed from;
-    `seconds` the time since the first step (evaluations included).
+    `seconds` the time since the first step (evaluations included); `tokens_per_step`
+    `flops.StepWork.tokens`.
     """
     from megatron.training.checkpoint_folders import read_latest
     from megatron.training.loggers.console import format_duration
 
-    tokens = (result.iteration - started_at) * cfg.training.train_batch_size * cfg.model.seq_length
+    tokens = (result.iteration - started_at) * tokens_per_step
     if result.stopped:
         status = f"stopped early at iteration {result.iteration} of {train_iters}"
     else:

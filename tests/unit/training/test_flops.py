@@ -6,6 +6,11 @@ meta device so the 7B shape costs nothing), the Hugging Face model our export bu
 the `transformers` Llama a Hugging Face import starts from. The counted figure must be within
 2% (it is exact: both count matmuls only, attention in full).
 
+A training step of each objective (`step_work`: tokens of the sequences trained on, FLOPs of
+every forward and backward, a reference model's forward included) is held to the counter over
+one real step of the product on one gloo rank: the engines, the objective's inputs from its
+samples, the reference model filling them in, the step driver.
+
 A sliding window is counted as what the math needs, W + 1 keys per query (flops.py): our
 backends compute the whole score matrix and mask it, so the counter sees the window only where
 every query's keys are all in it, a sequence of W + 1 tokens; and the 7B-shaped figure is
@@ -30,9 +35,11 @@ from megatron.training.flops import (
     peak_description,
     peak_tflops,
     shape_from_config,
+    step_work,
     throughput,
     training_flops_per_token,
 )
+from tests.distributed import run_distributed
 
 # One process, no recomputation: model FLOPs count no recompute (see flops.py), and torch
 # would count DeepSpeed's recomputed forward.
@@ -147,6 +154,61 @@ def test_a_sliding_window_matches_the_counter_where_every_key_is_in_the_window(a
     counted = _counted_ours(args, window + 1)  # the last query sees W + 1 keys, all unmasked
     assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-9)
     assert _counted_ours(args, seq) > counted  # the backend itself computes all s × s scores
+
+
+# (train_impl, extra keys): pairwise with a reference (DPO), one sequence with a reference
+# (KTO), pairwise without one (reward model; reference-free DPO), the language model.
+STEPS = [
+    ("dpo", {}),
+    ("kto", {}),
+    ("rm", {}),
+    ("dpo", {"dpo_reference_free": True}),
+]
+
+
+def _one_step_counted(rank, world_size, runs):
+    """Per run: (torch's count over one train step of the product, `step_work`'s FLOPs)."""
+    import deepspeed
+
+    from megatron.parallel import ParallelTopology
+    from megatron.training.batches import BatchSettings, ModelBatches
+    from megatron.training.engine_setup import build_engine
+    from megatron.training.objectives import build_objective
+    from megatron.training.reference import build_reference
+    from megatron.training.steps import engine_steps
+    from tests.parallel.test_post_training_parity import _config, _samples
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    results = []
+    for train_impl, keys in runs:
+        cfg = _config("dpo", 1, 0, 0, False, "fp32", world_size).replace(
+            train_impl=train_impl, **keys
+        )
+        topo = ParallelTopology.from_config(cfg)
+        goal = build_objective(cfg, topo.tp_group)
+        reference = build_reference(cfg, topo, goal)
+        engine = build_engine(cfg, topo, 1, goal).engine
+        steps = engine_steps(engine, topo, goal, reference)
+        kind = "kto" if train_impl == "kto" else "dpo"
+        samples = [_samples(kind, 0, i) for i in range(engine.gradient_accumulation_steps())]
+        if kind == "dpo":  # the reward model reads its reward at the last labelled token
+            samples = [{**sample, "neg_label": sample["pos_label"]} for sample in samples]
+        batches = ModelBatches(iter(samples), BatchSettings(), None, goal)
+        with FlopCounterMode(display=False) as counter:
+            steps.train_step(batches)
+        work = step_work(cfg, goal)
+        results.append((counter.get_total_flops(), work.flops, work.tokens))
+    return results
+
+
+@pytest.mark.slow  # one spawned rank building six tiny engines
+def test_a_step_of_every_objective_counts_what_ran():
+    [results] = run_distributed(_one_step_counted, 1, STEPS, timeout=600)
+    tokens = {name: tokens for (name, keys), (_, _, tokens) in zip(STEPS, results)}
+    assert tokens["kto"] == 8 * 16  # 8 sequences of 16 tokens per step
+    assert tokens["dpo"] == tokens["rm"] == 2 * 8 * 16  # 8 pairs: 16 sequences
+    for (name, keys), (counted, work, _) in zip(STEPS, results):
+        assert work == pytest.approx(counted, rel=1e-9), (name, keys)
 
 
 def test_peak_by_device_and_matmul_precision():

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.training.report import startup_report
+from megatron.training.flops import StepWork
+from megatron.training.report import final_summary, startup_report
 from megatron.training.signals import StopRequest
 
 
@@ -35,12 +36,35 @@ def test_startup_report_has_the_arithmetic(make_config):
         cfg,
         topology,
         parameters=132_864,
-        flops_per_token=835_584.0,
+        work=StepWork(4, 1, 32, training_flops_per_token=835_584.0),
         train_iters=200,
         dataset_sizes={"train": 3112, "valid": 260, "test": None},
     )
     assert "132,864 parameters (132.86K)" in text
     assert "global 4 = micro 2 × accumulation 2 × data-parallel 1 = 128 tokens per step" in text
     assert "train 3,112 samples, valid 260 samples, test none" in text
-    assert "FLOPs per token (training, model FLOPs): 835.58K" in text
+    assert "FLOPs per token (model FLOPs): training 835.58K; per step 106.95M;" in text
     assert "MFU against 312 TFLOP/s per device (peak_theoretical_tflops)" in text
+
+
+def test_a_pairwise_run_with_a_reference_names_the_pairs_and_the_reference_forward(make_config):
+    cfg = make_config(gradient_accumulation_steps=2)
+    topology = SimpleNamespace(world_size=1, dp_size=1, tp_size=1)
+    work = StepWork(4, 2, 32, training_flops_per_token=3e6, reference_flops_per_token=1e6)
+    text = startup_report(
+        cfg, topology, parameters=1, work=work, train_iters=10, dataset_sizes={"train": 8}
+    )
+    assert (
+        "FLOPs per token (model FLOPs): training 3.00M + reference model forward 1.00M (25% of "
+        "the step) = 4.00M; per step 1.02B;" in text  # 4 pairs = 8 sequences = 256 tokens
+    )
+    assert (
+        "global 4 pairs = micro 2 × accumulation 2 × data-parallel 1 = 8 sequences (chosen and "
+        "rejected) = 256 tokens per step" in text
+    )
+    assert "schedule: 10 iterations (2.56K tokens)" in text
+    result = SimpleNamespace(iteration=10, stopped=False, losses=[0.5], valid=None, test=None)
+    summary = final_summary(
+        cfg, result, started_at=4, train_iters=10, seconds=2.0, tokens_per_step=work.tokens
+    )
+    assert "tokens: 1,536 in " in summary and "(768 tokens/s)" in summary
