@@ -10,8 +10,8 @@ an optional package the config needs but this Python lacks (with the pip command
 it) or a `master_port` already in use exits with status 2, a message naming the file and key,
 and launches nothing. A user error that only a worker can see (a corrupt data or checkpoint
 file, a combination refused on the worker) also exits with status 2, its message printed once
-with the ranks it stopped; the tracebacks go to a file (printed with `--verbose`), while a bug
-keeps its traceback on the console (megatron/launcher/failures.py). Without `master_port`, a
+with the ranks it stopped, and nothing else (its traceback with `--verbose`), while a bug keeps
+its traceback on the console (megatron/launcher/failures.py). Without `master_port`, a
 one-machine run takes a free port, so two runs on one machine do not collide.
 
 The resolved config travels to every worker as one shell-safe bundle argument; the DeepSpeed

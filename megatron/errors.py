@@ -7,11 +7,17 @@ file, key or value; `is_user_error` is the one definition:
 
 * an instance of a `ValueError` subclass defined in the `megatron` package (`ConfigError`,
   `LauncherError`, `CheckpointError`, `UnsafeCheckpointError`, `IndexedDatasetError`,
-  `TokenizerError`, ...), or of `TooManySkippedSteps` (a diverged run, not a bug), or
+  `TokenizerError`, ...), or
+* one of `USER_SITUATIONS`: the run stopping for a reason in the person's world that its
+  message says in full, not a bug (a diverged run, `TooManySkippedSteps`; a full disk or a
+  file in the way of a checkpoint, `CheckpointSaveError`), or
 * a `ValueError` or `OSError` raised by a `raise` statement of the `megatron` package (a
   `raise ValueError(...)` naming a refused combination, a `raise FileNotFoundError(...)`
   naming a missing data file). The same class raised by Python itself inside our code (an
   unpacking of the wrong length) or by a library is a bug, and keeps its traceback.
+
+A user error ends with its message alone (its traceback goes to the launch's errors folder,
+printed with `--verbose`); only a bug shows a traceback by default.
 
 `run_worker(main)` wraps the `main` of `train.py`, `generate.py` and `eval.py` (see
 megatron/launcher/failures.py for where the record goes and what `deepy.py` prints).
@@ -42,13 +48,18 @@ from megatron.launcher.failures import (
 
 PACKAGE = Path(__file__).resolve().parent
 RAISE = dis.opmap["RAISE_VARARGS"]
+USER_SITUATIONS = (  # (module, class): looked up only once loaded, since never raised before
+    ("megatron.training.loss_scaling", "TooManySkippedSteps"),
+    ("megatron.training.disk_space", "CheckpointSaveError"),
+)
 
 
 def is_user_error(error: BaseException) -> bool:
     """Whether `error` is a mistake in the user's input rather than a bug (module docstring)."""
-    scaling = sys.modules.get("megatron.training.loss_scaling")  # not loaded: not raised
-    if scaling is not None and isinstance(error, scaling.TooManySkippedSteps):
-        return True
+    for module, name in USER_SITUATIONS:
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(error, getattr(loaded, name)):
+            return True
     if isinstance(error, ValueError) and type(error).__module__.startswith("megatron."):
         return True
     return isinstance(error, ValueError | OSError) and _raised_by_our_raise(error)

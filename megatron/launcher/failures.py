@@ -5,7 +5,9 @@ to every worker after the config bundle (`ERRORS_DIR_FLAG`, the one channel that
 workers under every launcher). A worker that stops on an exception (`megatron/errors.py`)
 writes `rank{N}.json` (`Failure`) and `rank{N}.traceback.txt` there; `run_launch` then reads
 the records (`read_failures`) and prints `failure_report`: each distinct user error once,
-with the ranks that hit it, where the tracebacks are (or the tracebacks, with `--verbose`).
+with the ranks that hit it, and its message alone (its traceback too with `--verbose`); where
+the tracebacks are only when a bug is among the failures (else the folder is removed: the
+messages said everything).
 
 Three kinds of record:
 
@@ -115,11 +117,15 @@ def failure_report(failures: Sequence[Failure], folder: str, verbose: bool) -> l
     others = [f for f in failures if f.kind == COLLATERAL]
     if others:
         lines.append(f"{rank_ranges([f.rank for f in others])} stopped after that failure")
-    if lines and not verbose:
-        lines.append(f"tracebacks: {folder} (or run again with --verbose)")
-    elif lines:
-        lines.append(f"tracebacks: {folder}")
+    if bugs:
+        more = "" if verbose else " (or run again with --verbose)"
+        lines.append(f"tracebacks: {folder}{more}")
     return lines
+
+
+def any_bug(failures: Sequence[Failure]) -> bool:
+    """Whether a bug is among the records (their folder is then worth keeping)."""
+    return any(f.kind == BUG for f in failures)
 
 
 def exit_status(failures: Sequence[Failure], runner_status: int) -> int:

@@ -11,7 +11,8 @@ and `--verbose` to the workers (see megatron/config/verbosity.py).
 
 With `collect_errors=True` (deepy.py) the launch gets a fresh folder where a failing worker
 records its error (megatron/launcher/failures.py); `run_launch` prints each user error once,
-with the ranks and where the tracebacks are, and the folder is removed when it stays empty.
+with the ranks, and where the tracebacks are when a bug is among them; the folder is removed
+when it stays empty or holds user errors only.
 A multi-node launch with `preflight_shared_fs: false` gets none: its workers print their
 errors themselves.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 from megatron.config.verbosity import VERBOSE_FLAG
 from megatron.launcher.failures import (
     ERRORS_DIR_FLAG,
+    any_bug,
     exit_status,
     failure_report,
     read_failures,
@@ -185,7 +188,7 @@ def prepare_launch(
         for path in staged:
             if os.path.exists(path):
                 os.remove(path)
-        if errors_dir and not os.listdir(errors_dir):
+        if errors_dir and os.path.isdir(errors_dir) and not os.listdir(errors_dir):
             os.rmdir(errors_dir)
 
 
@@ -228,6 +231,8 @@ def run_launch(plan: LaunchPlan) -> int:
         lines = [f"the run failed (runner exit status {status}; see the output above)"]
     for line in lines:
         print(f"deepy.py: {line}", file=sys.stderr, flush=True)
+    if plan.errors_dir and not any_bug(failures):  # their messages were all there is to say
+        shutil.rmtree(plan.errors_dir, ignore_errors=True)
     return exit_status(failures, status)
 
 

@@ -28,7 +28,9 @@ from megatron.parallel.host_values import broadcast_host, world_group
 
 
 class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be saved whole; the run stops (non-zero exit)."""
+    """A checkpoint could not be saved whole; the run stops (non-zero exit). The disk's state,
+    not a bug: a user error to `megatron/errors.py::is_user_error`, so the console shows this
+    message alone."""
 
 
 def _rank0_value(value: int) -> int:

@@ -17,6 +17,7 @@ import pytest
 from megatron.config import ConfigError
 from megatron.errors import PACKAGE, is_user_error
 from megatron.launcher.failures import ERRORS_DIR_FLAG, USER_ERROR_EXIT, read_failures
+from megatron.training.disk_space import CheckpointSaveError
 from megatron.training.loss_scaling import TooManySkippedSteps
 from megatron.training.optim.lion import Lion
 
@@ -35,6 +36,7 @@ def _raised(source: str, filename: Path) -> BaseException:
 def test_the_rooms_error_classes_are_user_errors():
     assert is_user_error(ConfigError("train_iters: must be >= 1"))  # not even raised
     assert is_user_error(TooManySkippedSteps("3 steps in a row skipped"))
+    assert is_user_error(CheckpointSaveError("could not save checkpoint: 0 B free"))  # the disk
     assert not is_user_error(ValueError("not raised by us"))
 
 
@@ -66,6 +68,10 @@ def main(argv):
     if argv[0] == "user":
         from megatron.config import ConfigError
         raise ConfigError("seq_length: 7 is not a multiple of 8")
+    if argv[0] == "disk":  # a checkpoint write meeting a full disk, as CheckpointIO.save does
+        from megatron.training.disk_space import stop_on_failure
+        with stop_on_failure("/ckpt", "global_step2", None, lambda path: 0):
+            raise OSError(28, "No space left on device")
     raise RuntimeError("a bug")
 
 run_worker(main)
@@ -101,6 +107,18 @@ def test_without_a_folder_the_worker_prints_one_line(tmp_path):
     assert proc.stderr == "rank 3: seq_length: 7 is not a multiple of 8\n"
     verbose = _worker(tmp_path, "user", "--verbose")
     assert "Traceback" in verbose.stderr and verbose.stderr.endswith("multiple of 8\n")
+
+
+def test_a_full_disk_is_its_message_alone_and_its_traceback_with_verbose(tmp_path):
+    recorded = _worker(tmp_path, "disk", ERRORS_DIR_FLAG, str(tmp_path))
+    assert recorded.returncode == USER_ERROR_EXIT and recorded.stderr == ""
+    [failure] = read_failures(str(tmp_path))
+    assert (failure.kind, failure.error) == ("user", "CheckpointSaveError")
+    alone = _worker(tmp_path, "disk")
+    assert alone.stderr.startswith("rank 3: could not save checkpoint /ckpt/global_step2 (")
+    assert "Traceback" not in alone.stderr and alone.stderr.count("\n") == 1
+    verbose = _worker(tmp_path, "disk", "--verbose")
+    assert "Traceback" in verbose.stderr and "CheckpointSaveError: could not" in verbose.stderr
 
 
 def test_a_bug_keeps_its_traceback_and_a_later_failure_is_collateral(tmp_path):

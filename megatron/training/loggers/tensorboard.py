@@ -1,7 +1,12 @@
-"""TensorBoard event files in `tensorboard_dir` (scalar names `train/loss`, `valid/loss`, ...)."""
+"""TensorBoard event files in `tensorboard_dir` (scalar names `train/loss`, `valid/loss`, ...).
+
+A missing package is a `MissingPackageError`, a user error (its message alone on the console):
+`deepy.py` refuses the config before launch when the launching machine lacks it, and this
+catches a worker's Python that lacks it."""
 
 from __future__ import annotations
 
+from megatron.launcher.preflight import MissingPackageError
 from megatron.training.loggers.base import MetricsLogger, scalars
 
 
@@ -12,7 +17,7 @@ class TensorBoardLogger(MetricsLogger):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
-            raise RuntimeError(
+            raise MissingPackageError(
                 f"tensorboard_dir is set ({tensorboard_dir}) but the tensorboard package is "
                 "missing: pip install tensorboard, or unset tensorboard_dir"
             ) from err

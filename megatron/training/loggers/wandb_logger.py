@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from megatron.launcher.preflight import MissingPackageError
 from megatron.training.loggers.base import MetricsLogger, scalars
 
 
@@ -22,7 +23,7 @@ class WandbLogger(MetricsLogger):
         try:
             import wandb
         except ImportError as err:
-            raise RuntimeError(
+            raise MissingPackageError(
                 "use_wandb is true but the wandb package is missing: pip install wandb, or "
                 "set use_wandb: false"
             ) from err

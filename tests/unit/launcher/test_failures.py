@@ -1,12 +1,16 @@
 """megatron/launcher/failures.py and the launch's errors folder: what deepy.py prints after a
-failed launch, from the records the workers wrote, and where the workers are told to write."""
+failed launch, from the records the workers wrote, and where the workers are told to write.
+A user error is its message alone: no traceback, no pointer to a folder of them (which is
+removed), unless a bug is among the failures."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from pathlib import Path
 
-from megatron.launcher import prepare_launch
+from megatron.launcher import prepare_launch, run_launch
 from megatron.launcher.failures import (
     BUG,
     COLLATERAL,
@@ -43,7 +47,6 @@ def test_each_user_error_is_reported_once_with_its_ranks(tmp_path):
     assert failure_report(failures, str(tmp_path), verbose=False) == [
         "error on ranks 0-3: data_path: no corpus.bin/.idx pair",
         "error on rank 4: load: layer_00-model_00-model_states.pt is truncated",
-        f"tracebacks: {tmp_path} (or run again with --verbose)",
     ]
     assert exit_status(failures, 2) == USER_ERROR_EXIT
 
@@ -53,7 +56,7 @@ def test_verbose_prints_one_traceback_per_message(tmp_path):
         record(tmp_path, rank, USER, "bad value")
     lines = failure_report(read_failures(str(tmp_path)), str(tmp_path), verbose=True)
     assert "\n".join(lines).count("Traceback") == 1
-    assert lines[-2:] == ["error on ranks 0-1: bad value", f"tracebacks: {tmp_path}"]
+    assert lines[-1] == "error on ranks 0-1: bad value"
 
 
 def test_a_bug_keeps_the_runner_status_and_collateral_ranks_are_one_line(tmp_path):
@@ -89,6 +92,31 @@ def test_a_local_launch_gets_a_fresh_errors_folder_removed_when_empty(tmp_path):
         record(Path(other.errors_dir), 0, USER, "bad value")
     assert not os.path.exists(plan.errors_dir)
     assert read_failures(other.errors_dir)[0].message == "bad value"  # kept to be read
+
+
+WORKER = """
+import sys
+from megatron.launcher.failures import Failure, write_failure
+write_failure(sys.argv[1], Failure(0, sys.argv[2], "E", "disk full", ""), "Traceback ...")
+sys.exit(2)
+"""
+
+
+def _run(tmp_path: Path, kind: str, capsys) -> tuple[int, str, str]:
+    with launch(tmp_path, {"num_gpus": 1}) as plan:
+        worker = [sys.executable, "-c", WORKER, plan.errors_dir, kind]
+        status = run_launch(dataclasses.replace(plan, argv=worker, env=dict(os.environ)))
+        return status, capsys.readouterr().err, plan.errors_dir
+
+
+def test_a_launch_stopped_by_user_errors_says_the_message_and_keeps_no_tracebacks(tmp_path, capsys):
+    status, err, folder = _run(tmp_path, USER, capsys)
+    assert status == USER_ERROR_EXIT
+    assert err == "deepy.py: error on rank 0: disk full\n"
+    assert not os.path.exists(folder)
+    status, err, folder = _run(tmp_path, BUG, capsys)
+    assert status == 2 and f"deepy.py: tracebacks: {folder}" in err
+    assert read_failures(folder)[0].kind == BUG  # a bug's tracebacks are kept
 
 
 def test_workers_print_their_errors_when_this_machine_cannot_see_their_files(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 import time
 
 import pytest
@@ -158,3 +159,16 @@ def test_console_eval_line_shows_the_objectives_metrics():
         "valid at iteration 25 | loss 0.6100 | perplexity 1.840 | reward_acc 0.7500 | "
         "margins 0.1250"
     )
+
+
+def test_a_missing_logger_package_is_a_user_error(tmp_path, monkeypatch):
+    from megatron.errors import is_user_error
+    from megatron.training.loggers.tensorboard import TensorBoardLogger
+    from megatron.training.loggers.wandb_logger import WandbLogger
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    for build in (lambda: TensorBoardLogger(str(tmp_path)), lambda: WandbLogger("p")):
+        with pytest.raises(Exception, match="pip install") as refused:
+            build()
+        assert is_user_error(refused.value)  # the message alone on the console
