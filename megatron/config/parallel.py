@@ -36,7 +36,8 @@ class ParallelConfig:
     """Allow ZeRO with an optimizer DeepSpeed has not tested with it."""
 
     distributed_backend: Literal["nccl", "gloo", "mpi", "ccl"] = "nccl"
-    """torch.distributed backend; without a GPU, gloo is used whatever this says."""
+    """torch.distributed backend; without a GPU, gloo is used whatever this says (silently: the
+    start-up report names the backend in use)."""
 
     distributed_timeout_minutes: float = 10.0
     """Collective timeout in minutes (Megatron-LM's key and default): a rank waiting this long

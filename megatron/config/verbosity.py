@@ -54,8 +54,10 @@ def sync_deepspeed_logger() -> None:
 @contextlib.contextmanager
 def quiet_deepspeed() -> Iterator[None]:
     """Hide what DeepSpeed `print`s inside the block (the pipeline partition, the topology,
-    a CPU communication op built) unless INFO lines are shown: it is INFO-level news that
-    does not go through logging. Warnings (logging, stderr) still come through."""
+    a CPU communication op built, the bf16 optimizer's memory use as it is built, the
+    checkpoint loader's `_load_legacy_checkpoint ...`) unless INFO lines are shown: it is
+    INFO-level news that does not go through logging. Warnings (logging, stderr) still come
+    through."""
     if verbose_logging():
         yield
         return

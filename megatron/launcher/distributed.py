@@ -1,7 +1,9 @@
 """Worker side: join the process group through DeepSpeed, with the backend the machine allows.
 
-`init_distributed()` uses NCCL when CUDA is available and gloo otherwise (a GPT-NeoX config
-that says `distributed_backend: nccl` still runs on a laptop, with a warning). It reads the
+`init_distributed()` uses NCCL when CUDA is available and gloo otherwise: a config that says
+`distributed_backend: nccl` (GPT-NeoX's default, which its configs spell out and so cannot be
+told from a choice) runs on a CPU-only machine on gloo without a warning on every run; the
+start-up report names the backend in use, and `--verbose` logs the fallback. It reads the
 variables `setup_distributed_env()` exported, pins the CUDA device to LOCAL_RANK under
 NCCL, and is idempotent: a second call, or a call after someone else initialised
 `torch.distributed`, returns the backend in use. On CPU it then removes the names of
@@ -35,7 +37,7 @@ def choose_backend(backend: str | None, cuda_available: bool) -> str:
             f"valid: {', '.join(BACKENDS)}"
         )
     if name == "nccl" and not cuda_available:
-        logger.warning("distributed_backend: nccl needs CUDA and none is available; using gloo")
+        logger.info("distributed_backend: nccl needs CUDA and none is available; using gloo")
         return "gloo"
     return name
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.config.verbosity import quiet_deepspeed
 from megatron.model.checkpoint_size import free_bytes_at
 from megatron.training.checkpoint_folders import (
     COMPLETE,
@@ -302,7 +303,8 @@ class CheckpointIO:
         universal = (Path(load_dir) / tag / UNIVERSAL_STATE).is_file()
         on = universal and load_optim and not module_only
         try:
-            with weights_only_loading(), _universal_loading(self.engine, on):
+            # quiet: its bf16 optimizer prints `_load_legacy_checkpoint ...` on every resume
+            with weights_only_loading(), _universal_loading(self.engine, on), quiet_deepspeed():
                 path, _ = self.engine.load_checkpoint(
                     load_dir,
                     tag=tag,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from megatron.config.verbosity import quiet_deepspeed
 from megatron.training.fp16_scaler import install_loss_scaler
 from megatron.training.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
 from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
@@ -57,7 +58,8 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     register_expert_groups(topology)  # before initialize: it broadcasts experts over them
-    with zero_partitions_experts(cfg.parallel.zero_stage):
+    # quiet: DeepSpeed's bf16 optimizer prints its memory use (`MA ... Max_MA ...`) as it builds
+    with zero_partitions_experts(cfg.parallel.zero_stage), quiet_deepspeed():
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,

@@ -197,6 +197,7 @@ def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice=N
             resumed_from=state.iteration,
             dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
             layout_notice=notice,
+            backend=dist.get_backend(),
         )
     )
 

@@ -28,6 +28,7 @@ import copy
 
 import torch
 
+from megatron.config.verbosity import quiet_deepspeed
 from megatron.training.checkpoint_folders import resume_tag
 from megatron.training.checkpointing import CheckpointIO
 
@@ -62,9 +63,10 @@ def build_reference(cfg, topology, objective):
     for param in model.parameters():
         param.requires_grad_(False)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, config=ds_config, mpu=None if pipeline else topology
-    )
+    with quiet_deepspeed():  # as the policy's engine (engine_setup.py)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, config=ds_config, mpu=None if pipeline else topology
+        )
     engine.eval()
     return ReferenceModel(engine, objective, pipeline)
 

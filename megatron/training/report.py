@@ -54,9 +54,11 @@ def startup_report(
     dataset_sizes: dict[str, int | None],
     resumed_from: int = 0,
     layout_notice: str | None = None,
+    backend: str | None = None,
 ) -> str:
     """Lines printed once by rank 0 before training (`work`: `flops.step_work`;
-    `layout_notice`: see `layout_change_notice`)."""
+    `layout_notice`: see `layout_change_notice`; `backend`: the torch.distributed backend in
+    use, which on a machine without a GPU is gloo whatever `distributed_backend` says)."""
     t, m, p = cfg.training, cfg.model, cfg.parallel
     tokens_per_step, pairs = work.tokens, work.sequences_per_sample == 2
     data = ", ".join(
@@ -75,7 +77,8 @@ def startup_report(
             f"  layout: world {topology.world_size} = data {topology.dp_size} × pipeline "
             f"{p.pipe_parallel_size or 1} ({'pipeline engine' if p.pipe_parallel_size else 'plain engine'})"  # noqa: E501
             f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}{_hpz(p)}; precision "
-            f"{cfg.precision.dtype}; optimizer {cfg.optimizer.optimizer_type}",
+            f"{cfg.precision.dtype}; optimizer {cfg.optimizer.optimizer_type}"
+            + (f"; backend {backend}" if backend else ""),
             f"  batch: global {t.train_batch_size}{' pairs' if pairs else ''} = micro "
             f"{t.train_micro_batch_size_per_gpu} "
             f"× accumulation {t.gradient_accumulation_steps} × data-parallel {topology.dp_size}"

@@ -1,8 +1,11 @@
 """What a person sees, through `deepy.py` on CPU ranks: a quiet console by default (our report,
 one line per log interval with ETA, evaluations, checkpoints, a final summary; no DeepSpeed INFO
-lines, no config bundle), everything with `--verbose`; a free rendezvous port when the config
-sets none (while another run holds 29500); and refusals before any worker starts: a missing
-optional package (with the pip command) and a `master_port` that is taken."""
+lines or prints, no config bundle), also for a bf16 run and its resume (DeepSpeed's bf16
+optimizer prints its memory use as it is built, its loader `_load_legacy_checkpoint`) and for
+GPT-NeoX's `distributed_backend: nccl` on a machine without a GPU; everything with
+`--verbose`; a free rendezvous port when the config sets none (while another run holds 29500);
+and refusals before any worker starts: a missing optional package (with the pip command) and a
+`master_port` that is taken."""
 
 from __future__ import annotations
 
@@ -58,13 +61,19 @@ def default_port_taken():
     sock.close()
 
 
+BF16 = dict(precision="bfloat16", zero_optimization={"stage": 1}, distributed_backend="nccl")
+DEEPSPEED_PRINTS = ("SEED_LAYERS", "built successfully", "Max_MA", "CPU Virtual Memory",
+                    "bf16_optimizer", "_load_legacy_checkpoint")  # fmt: skip
+
+
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
     folder = tmp_path / "run"
-    proc = deepy("train.py", write_config(folder))
+    proc = deepy("train.py", write_config(folder, **BF16))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO]" not in out and BUNDLE_FLAG not in out
-    assert "SEED_LAYERS" not in out and "built successfully" not in out  # DeepSpeed's prints
+    assert not [p for p in DEEPSPEED_PRINTS if p in out], out[-4000:]
+    assert "nccl needs CUDA" not in out and "; backend " in out  # the one in use, once
     assert "start-up report" in out
     intervals = [line for line in out.splitlines() if line.startswith("iteration ")]
     assert [line.split(" | ")[0] for line in intervals] == [f"iteration {i}/4" for i in range(1, 5)]
@@ -77,14 +86,20 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     assert f"logs: {folder / 'logs' / 'metrics.jsonl'}" in summary
     port = int(out.split("master port ")[1].split()[0])
     assert port != 29500  # picked free, so it did not collide with the run holding 29500
+    config = write_config(folder, train_iters=5, use_checkpoint_lr_scheduler=True, **BF16)
+    resumed = deepy("train.py", config)  # loads the bf16 optimizer's state
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0 and "starting at 4" in out, out[-4000:]
+    assert not [p for p in DEEPSPEED_PRINTS if p in out], out[-4000:]
 
 
 def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
-    proc = deepy("train.py", write_config(tmp_path / "run", train_iters=1), "--verbose")
+    config = write_config(tmp_path / "run", train_iters=1, **BF16)
+    proc = deepy("train.py", config, "--verbose")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO] [runner.py" in out and "[INFO] [launch.py" in out
-    assert BUNDLE_FLAG in out and "SEED_LAYERS" in out
+    assert BUNDLE_FLAG in out and "SEED_LAYERS" in out and "Max_MA" in out
     assert "DeepSpeedEngine configuration" in out  # the engine's INFO lines on the worker
     assert "run summary" in out
 

@@ -39,12 +39,14 @@ def test_startup_report_has_the_arithmetic(make_config):
         work=StepWork(4, 1, 32, training_flops_per_token=835_584.0),
         train_iters=200,
         dataset_sizes={"train": 3112, "valid": 260, "test": None},
+        backend="gloo",
     )
     assert "132,864 parameters (132.86K)" in text
     assert "global 4 = micro 2 × accumulation 2 × data-parallel 1 = 128 tokens per step" in text
     assert "train 3,112 samples, valid 260 samples, test none" in text
     assert "FLOPs per token (model FLOPs): training 835.58K; per step 106.95M;" in text
     assert "MFU against 312 TFLOP/s per device (peak_theoretical_tflops)" in text
+    assert "; optimizer Adam; backend gloo\n" in text  # the one in use, whatever the config says
 
 
 def test_a_pairwise_run_with_a_reference_names_the_pairs_and_the_reference_forward(make_config):
