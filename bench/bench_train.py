@@ -1,7 +1,7 @@
 """Training throughput of our trainer against a plain PyTorch loop, on the same batches.
 
     python bench/bench_train.py [configs/small.yml configs/local.yml] [--steps 20] [--warmup 3]
-                                [--set KEY=VALUE ...] [--engines pipeline,plain] [--out NAME]
+                                [--set KEY=VALUE ...] [--engines pipeline,plain] [--out FILE]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
 pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
@@ -11,7 +11,7 @@ Every contender trains `--warmup` untimed then `--steps` timed global batches, t
 batches read from the config's training data, taking turns batch by batch (fair under a
 changing machine load). Reports tokens/s
 and achieved GFLOP/s (model FLOPs, `megatron/training/flops.py`), prints a table and writes
-`bench/results/train_{out}.json`.
+the JSON to `--out` (default `bench/results/train_small_cpu.json`), as the other benchmarks do.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "bench" / "results" / "train_small_cpu.json"
 sys.path.insert(0, str(REPO))
 
 from megatron.config import load_config  # noqa: E402
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--engines", default="pipeline,plain")
-    parser.add_argument("--out", default="small_cpu")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
     args = parser.parse_args(argv)
     os.environ.setdefault("MASTER_PORT", "29517")
 
@@ -201,9 +202,9 @@ def main(argv=None) -> int:
             f"{r['contender']:45s} {r['tokens_per_sec']:10,.0f} {r['gflops_per_sec']:9.2f} "
             f"{r['seconds']:8.2f}"
         )
-    out = REPO / "bench" / "results" / f"train_{args.out}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

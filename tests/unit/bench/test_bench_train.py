@@ -1,0 +1,41 @@
+"""`bench/bench_train.py --out FILE` writes its JSON to FILE (as the other benchmarks'
+`--out`), with the figures of a tiny run. Runs as a subprocess (it initialises
+torch.distributed); timings themselves are never asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.distributed import free_port
+from tests.unit.training.tiny_run import char_corpus
+
+REPO = Path(__file__).resolve().parents[3]
+pytestmark = pytest.mark.slow  # one tiny engine and the plain loop on one rank
+
+
+def test_out_is_the_file_written(tmp_path):
+    out = tmp_path / "nested" / "train.json"
+    sets = [f"data_path={char_corpus()}", "tokenizer_type=CharLevelTokenizer",
+            f"data_cache_path={tmp_path / 'cache'}", "split=90,8,2",
+            "num_layers=2", "attention_config=[[['global'], 'all']]", "hidden_size=64",
+            "num_attention_heads=4", "seq_length=32", "max_position_embeddings=32",
+            "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=1"]  # fmt: skip
+    command = [sys.executable, "bench/bench_train.py", "configs/small.yml", "--steps", "1",
+               "--warmup", "0", "--engines", "plain", "--out", str(out)]  # fmt: skip
+    command += [arg for s in sets for arg in ("--set", s)]
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert f"wrote {out}" in run.stdout
+    result = json.loads(out.read_text())
+    assert result["tokens_per_step"] == 2 * 32 and result["steps"] == 1
+    assert [r["contender"] for r in result["rows"]] == [
+        "ours, plain engine",
+        "plain PyTorch loop, HF GPTNeoXForCausalLM",
+    ]
