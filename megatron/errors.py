@@ -27,12 +27,14 @@ import it.
 
 from __future__ import annotations
 
+import atexit
 import dis
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from megatron.config.verbosity import VERBOSE_FLAG
 from megatron.launcher.failures import (
@@ -87,8 +89,11 @@ def current_rank() -> int | None:
     return int(rank) if rank.isdigit() else None
 
 
-def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] | None = None):
-    """Run a worker's `main(argv)`; stop on an exception as megatron/launcher/failures.py says.
+def run_worker(
+    main: Callable[[list[str] | None], object], argv: Sequence[str] | None = None
+) -> NoReturn:
+    """Run a worker's `main(argv)` and exit: 0 when it returns (`_exit_finished`), else as
+    megatron/launcher/failures.py says.
 
     A user error exits with `USER_ERROR_EXIT`; any other exception with status 1. The exit
     skips the interpreter's clean-up (`os._exit`): with a process group whose peers are gone,
@@ -98,7 +103,7 @@ def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] |
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = main(argv)
+        main(argv)
     except Exception as error:  # noqa: BLE001 - every failure is recorded and reported
         code = USER_ERROR_EXIT if is_user_error(error) else 1
         try:
@@ -108,16 +113,29 @@ def run_worker(main: Callable[[list[str] | None], object], argv: Sequence[str] |
             sys.stderr.flush()
             os._exit(code)
     _close_process_group()
-    return result
+    _exit_finished()
 
 
 def _close_process_group() -> None:
-    """Tear the process group down before the interpreter exits: left to static destructors,
-    its communication threads can end the process with `terminate called without an active
-    exception` (exit status 250) after a finished run."""
+    """Tear the process group down before the interpreter exits."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _exit_finished() -> None:
+    """Exit 0 after a finished run without the interpreter's teardown of C++ objects.
+
+    Left to the interpreter, a finished 2-rank CPU run sometimes ended with `terminate called
+    without an active exception` (SIGABRT, which DeepSpeed's launcher reports as status 250):
+    a native thread (communication, data loading) still joinable when its owner is destroyed
+    at exit, after everything the run writes was written. So Python's own exit handlers run
+    (logging's flush, the loggers' `atexit` hooks), the streams are flushed, and the process
+    ends without destroying the rest."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _stop(error: Exception, argv: list[str], code: int) -> None:
