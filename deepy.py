@@ -39,8 +39,8 @@ from megatron.config.resolve import (
     settings_group,
 )
 from megatron.launcher import LauncherError
+from megatron.launcher.optional_packages import check_optional_packages
 from megatron.launcher.ports import choose_master_port
-from megatron.launcher.preflight import check_optional_packages
 
 log = logging.getLogger("deepy")
 

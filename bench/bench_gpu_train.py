@@ -18,7 +18,7 @@ All train on the same synthetic batches (random tokens: speed does not depend on
 taking turns one global batch each after `--warmup` untimed ones, so a drifting machine slows
 them alike (bench_train.py's rule). When the states of every contender would not fit in the
 GPU's memory together (1.4B), each runs alone on the batches in turn (`"schedule"` in the
-JSON). FLOPs are the honest count of `megatron/training/flops.py` (the model really built,
+JSON). FLOPs are the honest count of `megatron/training/metrics/flops.py` (the model really built,
 attention in full, no recomputation); MFU is against the device's dense peak for the
 contender's precision (`--peak-tflops` overrides; none on a CPU). Peak memory is the
 contender's resident state (weights, gradients, optimizer, compiled graphs) plus the largest
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import REPO, cpu_name, hf_model, ours  # noqa: E402  (puts the repo on sys.path)
 
 from megatron.config import config_from_dict  # noqa: E402
-from megatron.training.flops import (  # noqa: E402
+from megatron.training.metrics.flops import (  # noqa: E402
     peak_tflops,
     shape_from_config,
     throughput,

@@ -4,7 +4,7 @@
                               [--set KEY=VALUE ...] [--tiny] [--out FILE]
 
 Builds the config's MoE model and a dense twin in our trainer (one rank, DeepSpeed engine,
-the step driver of `megatron/training/steps.py`, as `bench_train.py` does) and trains both on
+the step driver of `megatron/training/step/steps.py`, as `bench_train.py` does) and trains both on
 the same global batches from the config's training data, taking turns batch by batch (the
 machine is shared: a load change slows both alike, so the ratio stays fair). The MoE / dense
 speed is given as the ratio of total tokens/s and as the median over steps of the two
@@ -16,7 +16,7 @@ width averaged over the layers, `(dense_layers * ffn + moe_layers * top_k * ffn)
 (configs/moe-small.yml: (2 * 512 + 2 * 2 * 512) / 4 = 768). The MLP weights a token runs
 through are then equal; the MoE model keeps its routers (`E * h` per MoE layer) and `k - 1`
 extra output biases per MoE layer, which the table shows as the active-parameter difference
-(counts from `megatron/model/counting.py`, FLOPs from `megatron/training/flops.py`).
+(counts from `megatron/model/counting.py`, FLOPs from `megatron/training/metrics/flops.py`).
 
 Per-expert token counts are the router's own assignments, read by a forward hook on each MoE
 layer's router (`Route.indices`) during every step (warmup included). With
@@ -44,7 +44,7 @@ from megatron.model.args import ModelArgs  # noqa: E402
 from megatron.model.counting import active_parameters, count_parameters  # noqa: E402
 from megatron.model.mlp import mlp_inner_size  # noqa: E402
 from megatron.model.moe import is_moe_layer, moe_layers  # noqa: E402
-from megatron.training.flops import shape_from_config, training_flops_per_token  # noqa: E402
+from megatron.training.metrics.flops import shape_from_config, training_flops_per_token  # noqa: E402
 
 TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
             max_position_embeddings=32, moe_num_experts=4,
@@ -69,9 +69,10 @@ class Contender:
     """One model in our trainer: its step function, losses, seconds and router counts."""
 
     def __init__(self, cfg, steps_total: int):
-        from megatron.training.engine_setup import build_engine
-        from megatron.training.initialize import initialize_distributed, seed_everything
-        from megatron.training.steps import engine_steps
+        from megatron.launcher.worker import initialize_distributed
+        from megatron.parallel.random import seed_everything
+        from megatron.training.setup.engine import build_engine
+        from megatron.training.step.steps import engine_steps
 
         topology = initialize_distributed(cfg)
         seed_everything(cfg.training.seed)

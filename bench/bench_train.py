@@ -10,7 +10,7 @@ entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW` with the sam
 Every contender trains `--warmup` untimed then `--steps` timed global batches, the same
 batches read from the config's training data, taking turns batch by batch (fair under a
 changing machine load). Reports tokens/s
-and achieved GFLOP/s (model FLOPs, `megatron/training/flops.py`), prints a table and writes
+and achieved GFLOP/s (model FLOPs, `megatron/training/metrics/flops.py`), prints a table and writes
 the JSON to `--out` (default `bench/results/train_small_cpu.json`), as the other benchmarks do.
 """
 
@@ -31,7 +31,7 @@ DEFAULT_OUT = REPO / "bench" / "results" / "train_small_cpu.json"
 sys.path.insert(0, str(REPO))
 
 from megatron.config import load_config  # noqa: E402
-from megatron.training.flops import shape_from_config, training_flops_per_token  # noqa: E402
+from megatron.training.metrics.flops import shape_from_config, training_flops_per_token  # noqa: E402
 
 
 def resolve(files, overrides, **changes):
@@ -48,8 +48,8 @@ def fixed_batches(cfg, count: int):
     """`count` global batches of model inputs from the start of the training split."""
     from megatron.data import build_tokenizer
     from megatron.parallel import ParallelTopology
-    from megatron.training.batches import BatchSettings
-    from megatron.training.data_setup import BatchFactory, build_datasets
+    from megatron.training.setup.batches import BatchSettings
+    from megatron.training.setup.data import BatchFactory, build_datasets
 
     t = cfg.training
     train, _, _ = build_datasets(cfg, count)
@@ -75,9 +75,10 @@ def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, float]:
 
 def ours(cfg, batches):
     """A step function of our trainer (DeepSpeed engine, our model) on one global batch."""
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
-    from megatron.training.steps import engine_steps
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.steps import engine_steps
 
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)

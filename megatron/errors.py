@@ -51,8 +51,8 @@ from megatron.launcher.failures import (
 PACKAGE = Path(__file__).resolve().parent
 RAISE = dis.opmap["RAISE_VARARGS"]
 USER_SITUATIONS = (  # (module, class): looked up only once loaded, since never raised before
-    ("megatron.training.loss_scaling", "TooManySkippedSteps"),
-    ("megatron.training.disk_space", "CheckpointSaveError"),
+    ("megatron.training.step.loss_scaling", "TooManySkippedSteps"),
+    ("megatron.training.checkpoint.disk_space", "CheckpointSaveError"),
 )
 
 

@@ -30,7 +30,7 @@ from megatron.checkpoint_tools import (  # noqa: E402
     format_summary,
     summarize,
 )
-from megatron.checkpoint_tools.optimizer_state import unmovable_reason  # noqa: E402
+from megatron.checkpoint_tools.optimizer_read import unmovable_reason  # noqa: E402
 from megatron.checkpoint_tools.reader import load_saved_config  # noqa: E402
 from megatron.checkpoint_tools.reshard import check_layout  # noqa: E402
 from megatron.checkpoint_tools.universal import reshard_stage  # noqa: E402

@@ -1,6 +1,6 @@
 """Expert parallelism in checkpoints written offline: full experts cut into expert-parallel slices.
 
-A run with `moe_expert_parallel_size` ep > 1 saves (`megatron/training/moe_checkpoint.py`,
+A run with `moe_expert_parallel_size` ep > 1 saves (`megatron/checkpoint/experts.py`,
 the one definition of the files): DeepSpeed's own files hold expert-parallel rank 0's experts
 (`(E/ep, ...)`, experts `0 .. E/ep - 1` of each MoE layer, and their optimizer state), and
 `expert_states_pp{P}_ep{r}.pt` holds rank r's slice of pipeline stage P's experts for each
@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
-from megatron.checkpoint_tools.schema import ModelSchema
-from megatron.checkpoint_tools.stages import stage_bounds, stage_parameter_names
-from megatron.training.moe_checkpoint import (  # noqa: F401 (saved_...: for the pre-flight)
+from megatron.checkpoint.experts import (  # noqa: F401 (saved_...: for the pre-flight)
     expert_file,
     is_expert_name,
     saved_expert_parallel_size,
 )
-from megatron.training.safe_load import load_file
+from megatron.checkpoint.safe_load import load_file
+from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
+from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.checkpoint_tools.stages import stage_bounds, stage_parameter_names
 
 
 def check_expert_parallel(schema: ModelSchema, ep: int) -> None:

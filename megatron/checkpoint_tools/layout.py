@@ -1,7 +1,7 @@
 """Where a checkpoint is and how it is laid out, read from its files (no DeepSpeed engine).
 
-A run saves `{save}/global_step{N}/` (see `megatron/training/checkpointing.py`) in DeepSpeed's
-layout, which depends on the engine:
+A run saves `{save}/global_step{N}/` (see `megatron/training/checkpoint/checkpoint_io.py`)
+in DeepSpeed's layout, which depends on the engine:
 
 | engine (`pipe_parallel_size`) | model weights                                                 |
 | ----------------------------- | ------------------------------------------------------------- |
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron.training.checkpoint_folders import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
+from megatron.checkpoint.folders import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
     COMPLETE,
     CONFIG_FILE,
     LATEST,

@@ -24,9 +24,9 @@ import math
 
 import torch
 
+from megatron.checkpoint.safe_load import load_file
 from megatron.checkpoint_tools.layout import CheckpointError
-from megatron.checkpoint_tools.zero_state import _cut, _optim_files, _param_shapes
-from megatron.training.safe_load import load_file
+from megatron.checkpoint_tools.zero_state import cut_partition, optim_files, param_shapes
 
 FP32_GROUPS = "single_partition_of_fp32_groups"
 FP32_FLAT_GROUPS = "fp32_flat_groups"
@@ -40,14 +40,14 @@ def _rank_weights(saved: list[dict], shapes: list[dict], path) -> dict[str, torc
     out = {}
     for g, group_shapes in enumerate(shapes):
         flat = torch.cat([s[FP32_GROUPS][g].detach().float().flatten() for s in saved])
-        out.update(_cut(flat, group_shapes, paddings[g] if paddings else None))
+        out.update(cut_partition(flat, group_shapes, paddings[g] if paddings else None))
     return out
 
 
 def read_master_weights(reader) -> dict[str, torch.Tensor]:
     """Full fp32 master weights of a ZeRO 1/2 checkpoint (`reader`: its `CheckpointReader`)."""
     folder, layout, schema = reader.folder, reader.layout, reader.schema
-    files = _optim_files(folder)
+    files = optim_files(folder)
     if sorted(files) != list(range(layout.tp * layout.stages)):
         raise CheckpointError(
             f"checkpoint '{folder}' has ZeRO optimizer files for model-parallel ranks "
@@ -58,7 +58,7 @@ def read_master_weights(reader) -> dict[str, torch.Tensor]:
         saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
         if int(saved[0].get("zero_stage", 1)) == 3:
             raise CheckpointError(f"checkpoint '{folder}' is ZeRO stage 3, not 1/2")
-        weights = _rank_weights(saved, _param_shapes(folder, mp, 1), files[mp][0])
+        weights = _rank_weights(saved, param_shapes(folder, mp, 1), files[mp][0])
         for name, tensor in weights.items():
             shards.setdefault(name, [])
             if len(shards[name]) < layout.tp:  # the tied embedding's copy on the last stage
@@ -90,7 +90,7 @@ def _stage3_weights(saved: list[dict], shapes: list[dict], path) -> dict[str, to
 def read_zero3_shards(reader) -> list[dict[str, torch.Tensor]]:
     """Each tensor-parallel rank's fp32 weights (`{name: shard}`) of a ZeRO-3 checkpoint."""
     folder, layout = reader.folder, reader.layout
-    files = _optim_files(folder)
+    files = optim_files(folder)
     if sorted(files) != list(range(layout.tp)):
         raise CheckpointError(
             f"checkpoint '{folder}' has ZeRO-3 optimizer files for model-parallel ranks "
@@ -99,5 +99,5 @@ def read_zero3_shards(reader) -> list[dict[str, torch.Tensor]]:
     shards = []
     for mp in range(layout.tp):
         saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
-        shards.append(_stage3_weights(saved, _param_shapes(folder, mp, 3), files[mp][0]))
+        shards.append(_stage3_weights(saved, param_shapes(folder, mp, 3), files[mp][0]))
     return shards

@@ -9,7 +9,7 @@ Tensor-parallel shards are merged along the dim the model's layers split (`Model
 the result loads into a model of any layout with `megatron.model.load_full_state_dict`. The
 config is the `config.json` saved beside the weights unless one is given. Experts saved with
 `moe_expert_parallel_size > 1` are completed from their `expert_states_pp*_ep*.pt` files
-(`megatron/training/moe_checkpoint.py`), so the full `(E, ...)` tensors come back.
+(`megatron/checkpoint/experts.py`), so the full `(E, ...)` tensors come back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.experts import (
+    expert_slices,
+    merge_expert_slices,
+    saved_expert_parallel_size,
+)
+from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loading
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
     CheckpointLayout,
@@ -30,12 +36,6 @@ from megatron.checkpoint_tools.layout import (
 )
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
-from megatron.training.moe_checkpoint import (
-    expert_slices,
-    merge_expert_slices,
-    saved_expert_parallel_size,
-)
-from megatron.training.safe_load import load_file, refusal, weights_only_loading
 
 ZERO3_RANK0_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 

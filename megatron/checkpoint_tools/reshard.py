@@ -7,7 +7,7 @@ Model weights always move (merged to full tensors, split for the target ranks). 
 state moves with them, element for element, from any ZeRO stage: without ZeRO from the torch
 optimizer state in the `mp_rank` files (`optimizer_state.py`), with ZeRO 1-3 from DeepSpeed's
 flat data-parallel partitions (`zero_state.py`), for the elementwise optimizers
-(`optimizer_state.MOVABLE`: Adam moments and step counts, SGD momentum, Lion, ...). For any
+(`optimizer_read.MOVABLE`: Adam moments and step counts, SGD momentum, Lion, ...). For any
 other optimizer, or fp16/bf16 with ZeRO, the result says it was dropped and why, naming the
 optimizer, and the run resuming from it must set `no_load_optim: true`. Iteration, consumed
 samples, LR schedule and the skipped-step counters carry over, so a resumed run continues
@@ -40,7 +40,7 @@ refused). The default keeps the source's size.
 The padded vocabulary stays the checkpoint's when the target tensor-parallel size divides it
 (`megatron/config/derive.py::kept_padded_vocab`): padding logits are masked out of the loss,
 so the model computes the same function, and the run resuming it keeps that size
-(`megatron/training/resume_vocab.py`). Otherwise it is re-derived for the target
+(`megatron/training/setup/resume_vocab.py`). Otherwise it is re-derived for the target
 (`make_vocab_size_divisible_by * tp`, from the tokenizer's size when its files are there):
 zero rows are added, or trailing padding rows dropped, in the vocabulary tables and their
 optimizer state.
@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.checkpoint_tools.experts import check_expert_parallel
-from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
+from megatron.checkpoint_tools.optimizer_read import read_optimizer_state
 from megatron.checkpoint_tools.reader import CheckpointReader
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import stage_bounds

@@ -1,10 +1,10 @@
 """Which layers each pipeline stage holds, and the order its optimizer numbers the parameters.
 
-A torch optimizer's state dict numbers parameters 0, 1, ... across its parameter groups; to
-move that state between layouts each number must become a name. On a pipeline stage the
-optimizer was built over the stage's `PipelineModule` (`megatron.training.optimizers.
-param_groups`), whose parameters come in registration order: the tied embedding module
-first when the stage holds a tied layer, then its layers by index.
+A torch optimizer's state dict numbers parameters 0, 1, ... across its parameter groups; to move
+that state between layouts each number must become a name. On a pipeline stage the optimizer was
+built over the stage's `PipelineModule` (`megatron/model/param_groups.py`), whose parameters come in
+registration order: the tied embedding module first when the stage holds a tied layer, then its
+layers by index.
 
 The layers of a stage follow DeepSpeed's `PipelineModule._partition_layers`, computed here with
 the same DeepSpeed partition functions over the same weights (`uniform`: one per layer;
@@ -89,7 +89,7 @@ class StageModule(torch.nn.Module):
 def optimizer_parameter_names(schema: ModelSchema, bounds: list[int], stage: int) -> list[str]:
     """Names in the order the stage's optimizer numbers them (decay group, then no-decay),
     from the training loop's own grouping rule."""
-    from megatron.training.optimizers import param_groups
+    from megatron.model.param_groups import param_groups
 
     module = StageModule(schema, bounds, stage)
     names = {id(p): n for n, p in module.named_parameters()}

@@ -18,7 +18,7 @@ torch optimizer state or our ZeRO-3 saves), and it writes only Adam's states (`f
 any ZeRO stage, `optimizer_state.py`/`zero_state.py`), so this module writes the same files
 from it, and the run loads them with DeepSpeed's own loader: `CheckpointIO.load` switches
 `load_universal` on for a folder that has `zero/optimizer_state.pt`
-(`megatron/training/checkpointing.py::UNIVERSAL_STATE`), for that load only: the checkpoints
+(`megatron/checkpoint/folders.py::UNIVERSAL_STATE`), for that load only: the checkpoints
 the run saves afterwards are ordinary ZeRO ones, which that loader could not read. It does so
 only when the optimizer state is wanted, because DeepSpeed's ZeRO 1/2 universal loader ignores
 `load_optimizer_states` (it would restore the moments under `no_load_optim` or `finetune`);
@@ -45,11 +45,11 @@ from pathlib import Path
 import deepspeed
 import torch
 
+from megatron.checkpoint.folders import UNIVERSAL_STATE
 from megatron.checkpoint_tools.layout import CheckpointError, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import StageModule, stage_bounds
-from megatron.training.checkpointing import UNIVERSAL_STATE
 
 UNIVERSAL_STAGES = (1, 2)
 """ZeRO stages whose partitions hold fp32 master weights in `single_partition_of_fp32_groups`
@@ -97,7 +97,7 @@ def reshard_stage(zero_stage: int, tp: int, pp: int) -> tuple[int, str]:
 def _param_groups(schema: ModelSchema, full: FullOptimizerState, stages: int, tp: int) -> list:
     """The saved hyperparameters in the target optimizer's group order (one list for every
     stage: DeepSpeed zips it with each rank's groups)."""
-    from megatron.training.optimizers import param_groups
+    from megatron.model.param_groups import param_groups
 
     bounds = stage_bounds(schema, stages, tp)
     orders = {

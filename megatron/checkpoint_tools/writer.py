@@ -27,6 +27,13 @@ from pathlib import Path
 import deepspeed
 import torch
 
+from megatron.checkpoint.folders import (
+    CONFIG_FILE,
+    TRAINER_STATE,
+    mark_complete,
+    tag_for,
+    write_latest,
+)
 from megatron.checkpoint_tools.experts import (
     check_expert_parallel,
     expert_files,
@@ -36,13 +43,6 @@ from megatron.checkpoint_tools.experts import (
 from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
-from megatron.training.checkpoint_folders import (
-    CONFIG_FILE,
-    TRAINER_STATE,
-    mark_complete,
-    tag_for,
-    write_latest,
-)
 
 
 def _check_state(schema: ModelSchema, state: dict) -> None:

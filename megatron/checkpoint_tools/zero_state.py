@@ -31,14 +31,14 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.safe_load import load_file
 from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
-from megatron.training.safe_load import load_file
 
 OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
 
-def _optim_files(folder: Path) -> dict[int, list[Path]]:
+def optim_files(folder: Path) -> dict[int, list[Path]]:
     """`{mp rank: [file of dp rank 0, 1, ...]}`."""
     found: dict[int, dict[int, Path]] = {}
     for path in folder.iterdir():
@@ -55,7 +55,7 @@ def _optim_files(folder: Path) -> dict[int, list[Path]]:
     return out
 
 
-def _param_shapes(folder: Path, mp: int, stage: int) -> list[dict]:
+def param_shapes(folder: Path, mp: int, stage: int) -> list[dict]:
     """DeepSpeed's `param_shapes` (one ordered {name: shape} per group) of rank `mp`."""
     name = (
         f"zero_pp_rank_0_mp_rank_{mp:02d}_model_states.pt"
@@ -68,7 +68,9 @@ def _param_shapes(folder: Path, mp: int, stage: int) -> list[dict]:
     return shapes if isinstance(shapes, list) else [shapes]
 
 
-def _cut(flat: torch.Tensor, shapes: dict, paddings=None) -> dict[str, torch.Tensor]:
+def cut_partition(flat: torch.Tensor, shapes: dict, paddings=None) -> dict[str, torch.Tensor]:
+    """One flat group `flat` cut into its parameters `{name: tensor of its shape}` (`shapes`
+    in order; `paddings`: the alignment padding after each parameter, skipped)."""
     out, offset = {}, 0
     for i, (name, shape) in enumerate(shapes.items()):
         numel = math.prod(shape)
@@ -91,7 +93,9 @@ def _stage12(files: list[dict], shapes: list[dict]) -> tuple[dict, list]:
                 pieces = [
                     s[key][: s[key].numel() - f["group_paddings"][g]] for s, f in zip(states, files)
                 ]
-                cut = _cut(torch.cat(pieces), group_shapes, paddings[g] if paddings else None)
+                cut = cut_partition(
+                    torch.cat(pieces), group_shapes, paddings[g] if paddings else None
+                )
                 for name, tensor in cut.items():
                     per_param.setdefault(name, {})[key] = tensor
             else:  # step and other scalars: one per group, the same for its parameters
@@ -126,9 +130,9 @@ def _stage3(files: list[dict], shapes: list[dict]) -> tuple[dict, list]:
 
 def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
     """`(state, "")` of a ZeRO 1-3 checkpoint of an elementwise optimizer
-    (`optimizer_state.MOVABLE`, checked by the caller)."""
+    (`optimizer_read.MOVABLE`, checked by the caller)."""
     folder, layout, schema = reader.folder, reader.layout, reader.schema
-    files = _optim_files(folder)
+    files = optim_files(folder)
     mp_ranks = layout.tp * layout.stages
     if sorted(files) != list(range(mp_ranks)):
         raise CheckpointError(
@@ -140,7 +144,7 @@ def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
     for mp in range(mp_ranks):
         saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
         stage = int(saved[0].get("zero_stage", 1))  # DeepSpeed's bf16 optimizer: ZeRO-1
-        shapes = _param_shapes(folder, mp, stage)
+        shapes = param_shapes(folder, mp, stage)
         per_param, groups = (_stage3 if stage == 3 else _stage12)(saved, shapes)
         for group in groups:
             hyper = {k: v for k, v in group.items() if k != "params"}

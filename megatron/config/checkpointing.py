@@ -1,7 +1,7 @@
 """Checkpoint save/load settings (`cfg.checkpointing`), and the parsing of `checkpoint_keep`.
 
 When each kind of checkpoint is saved and which ones are deleted is
-`megatron/training/checkpoint_policy.py`'s to say; this file holds the keys.
+`megatron/training/checkpoint/policy.py`'s to say; this file holds the keys.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class ModelConfig:
     padded_vocab_size: int | None = derived()
     """Vocabulary size padded to a multiple of `make_vocab_size_divisible_by` × tensor-parallel
     size (derived from the tokenizer); a resumed run keeps its checkpoint's padded size when
-    the tensor-parallel size divides it (`megatron/training/resume_vocab.py`)."""
+    the tensor-parallel size divides it (`megatron/training/setup/resume_vocab.py`)."""
 
     true_vocab_size: int | None = derived()
     """The tokenizer's vocabulary size (derived). The rows from it up to `padded_vocab_size`

@@ -1,6 +1,6 @@
 """Optimizers that need each parameter whole, and the engines that would hand them flat pieces.
 
-We build every optimizer ourselves (`megatron/training/optimizers.py`); DeepSpeed 0.19 then
+We build every optimizer ourselves (`megatron/training/optim/optimizers.py`); DeepSpeed 0.19 then
 wraps it according to the ZeRO stage, the precision and the engine
 (`DeepSpeedEngine._do_optimizer_sanity_check`), and the wrapper decides what the optimizer
 steps over:

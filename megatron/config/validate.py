@@ -166,7 +166,7 @@ def validate_schedule(cfg: Config, sources: dict[str, str]) -> None:
 
 def validate_checkpoint_policy(cfg: Config, sources: dict[str, str]) -> None:
     """`checkpoint_keep` tiers and `checkpoint_save_interval_minutes` (see
-    `megatron/training/checkpoint_policy.py`): well formed, and only with `save`."""
+    `megatron/training/checkpoint/policy.py`): well formed, and only with `save`."""
     c = cfg.checkpointing
     parse_checkpoint_keep(c.checkpoint_keep, _src(sources, "checkpoint_keep"))
     minutes = c.checkpoint_save_interval_minutes

@@ -73,7 +73,8 @@ def evaluate_from_config(cfg) -> dict | None:
     summary (None on ranks where lm-eval returns no results)."""
     from megatron.data import build_tokenizer
     from megatron.inference import InferenceModel
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
 
     tasks, folders = split_tasks(cfg.generation.eval_tasks)
     topology = initialize_distributed(cfg)

@@ -113,7 +113,8 @@ def precompute_from_config(cfg) -> list[str]:
     run reads; returns the written prefixes."""
     from megatron.data import build_tokenizer
     from megatron.inference.model import InferenceModel
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
 
     name = cfg.data.precompute_model_name
     if not name:

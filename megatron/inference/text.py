@@ -132,7 +132,8 @@ def run_prompts(model, tokenizer, texts, settings, source, generator) -> list[di
 def generate_from_config(cfg) -> list[dict]:
     """Set up, generate as `cfg.generation` says, write the jsonl on rank 0; return records."""
     from megatron.data import build_tokenizer
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
 
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)

@@ -10,9 +10,9 @@ Launcher side (`deepy.py`):
 * `no_ssh: true` (`nossh.py`): every node runs deepy.py; `plan_resources` reads this node's
   rank, the node count and the rendezvous from NODE_RANK/JOB_COMPLETION_INDEX, NNODES,
   MASTER_ADDR, MASTER_PORT into `LaunchResources.node`, and `plan.describe()` names its ranks.
-* `check_optional_packages(script, group)` (`preflight.py`): refuses a run that needs a package
-  this Python lacks, with the pip command; `choose_master_port` (`ports.py`): a free port for
-  a one-machine run that sets none, a set one refused when taken.
+* `check_optional_packages(script, group)` (`optional_packages.py`): refuses a run that needs
+  a package this Python lacks, with the pip command; `choose_master_port` (`ports.py`): a free
+  port for a one-machine run that sets none, a set one refused when taken.
 * `redact_argv`, `redact_env`, `redact_text`: printable forms of commands and environments.
 
 Worker side (`train.py` and friends), in this order:

@@ -5,9 +5,9 @@
     free_bytes_at(cfg.checkpointing.save)
 
 Shared by `deepy.py`'s pre-flight (`megatron/preflight/disk.py`) and the run's check before
-each save (`megatron/training/disk_space.py`), so both agree on what "room for a checkpoint"
-means. What DeepSpeed 0.19 writes, summed over every rank (ZeRO changes how the optimizer
-part is split between files, not its total):
+each save (`megatron/training/checkpoint/disk_space.py`), so both agree on what "room for a
+checkpoint" means. What DeepSpeed 0.19 writes, summed over every rank (ZeRO changes how the
+optimizer part is split between files, not its total):
 
 - the weights in the run's dtype (2 bytes in bf16/fp16, 4 in fp32), written once (by the
   first data-parallel rank); not with ZeRO-3, whose module files hold empty placeholders;

@@ -17,7 +17,7 @@ tensor-parallel group computes the same experts on the same (replicated) tokens.
 parameters carry `expert_parallel = True`. With `ep > 1` they also carry `allreduce = False`
 and `group_name` (DeepSpeed's marks for MoE parameters, so its dense gradient all-reduce
 leaves them out) and their gradients are averaged over the expert-data-parallel group by
-`megatron/training/moe_grads.py`; with `ep = 1` every rank holds every expert and they are
+`megatron/training/step/moe_grads.py`; with `ep = 1` every rank holds every expert and they are
 ordinary replicated parameters (DeepSpeed only handles its own MoE modules' marks).
 Full weights are initialised per expert from the layer's seed and each rank keeps its
 slice, so a seed gives the same model at any `ep`.

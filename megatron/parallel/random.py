@@ -25,9 +25,10 @@ on GPU and, with `DS_ACCELERATOR=cpu`, on CPU. The tracker forks the generator o
 accelerator only, so activations must live on that device (CPU tensors on a CUDA machine would
 draw from the default stream inside `fork()`).
 
-Order at start-up: seed the default generator with `seed` on every rank and build the model
-(every rank then draws the same full weights, see `params.sharded_parameter`), then call
-`model_parallel_seed(seed, topology)` before training. Leave `PipelineModule(seed_layers=...)`
+Order at start-up: seed the default generator with `seed` on every rank (`seed_everything`,
+which seeds Python and NumPy too) and build the model (every rank then draws the same full
+weights, see `params.sharded_parameter`), then call `model_parallel_seed(seed, topology)`
+before training. Leave `PipelineModule(seed_layers=...)`
 off: it re-seeds the default generator before every layer's forward with the same seed on all
 data-parallel ranks, which would undo the per-replica dropout seeds.
 """
@@ -35,9 +36,11 @@ data-parallel ranks, which would undo the per-replica dropout seeds.
 from __future__ import annotations
 
 import numbers
+import random
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from deepspeed.runtime.activation_checkpointing import checkpointing
 
@@ -90,3 +93,11 @@ def model_parallel_seed(seed: int, topology) -> RngSeeds:
 def tensor_parallel_rng() -> AbstractContextManager:
     """Shorthand for `get_rng_tracker().fork(MODEL_PARALLEL_RNG)`."""
     return get_rng_tracker().fork(MODEL_PARALLEL_RNG)
+
+
+def seed_everything(seed: int) -> None:
+    """The same seed on every rank: Python, NumPy and torch (so every rank builds the same
+    full weights)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

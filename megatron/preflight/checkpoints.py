@@ -13,13 +13,13 @@ full shape, built on the `meta` device from the model code); the error names eac
 whose value differs, as `megatron/model/hf_config.py` classifies them (every `ModelArgs` field
 not in `NEUTRAL` can change the weights or what they compute); a training run is compared with
 the padded vocabulary it will build, the checkpoint's where the trainer keeps it
-(`megatron/training/resume_vocab.py`). A training run also needs the
+(`megatron/training/setup/resume_vocab.py`). A training run also needs the
 checkpoint's layout: DeepSpeed loads only the tensor/pipeline layout it saved, ZeRO partitions
 only at the data-parallel size and ZeRO-or-not they were saved with (a ZeRO engine given a
 checkpoint without partitions would silently start its optimizer afresh); any other layout is
 refused with the `tools/reshard.py` command that converts weights and optimizer state to a
 checkpoint of the target layout (`moe_expert_parallel_size` too: each expert-parallel rank
-loads only its own slice of the experts, `megatron/training/moe_checkpoint.py`) for the run's
+loads only its own slice of the experts, `megatron/checkpoint/experts.py`) for the run's
 ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
 universal layout, restored at any data-parallel size (`megatron/checkpoint_tools/reshard.py`;
 `megatron/checkpoint_tools/universal.py::universal_target_problem` says which runs can).
@@ -53,7 +53,7 @@ from megatron.config.resolve import is_training_script
 from megatron.model import ModelArgs
 from megatron.model.args import CONFIG_ONLY
 from megatron.model.hf_config import NEUTRAL
-from megatron.preflight import ERROR, OK, WARNING, Finding, register
+from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
 
 NAME = "load"
 _ZERO_RANK0 = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt$")

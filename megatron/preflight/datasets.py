@@ -26,7 +26,7 @@ from megatron.config import Config
 from megatron.data.indexed_dataset import validate_pair
 from megatron.data.indexed_format import IndexedDatasetError, data_path, index_path
 from megatron.data.sources import ref_prefix
-from megatron.preflight import ERROR, OK, Finding, register
+from megatron.preflight.findings import ERROR, OK, Finding, register
 from megatron.preflight.tokenizer import TokenizerLoadError, load_tokenizer
 
 NAME = "datasets"

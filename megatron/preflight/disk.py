@@ -22,7 +22,7 @@ from megatron.model.checkpoint_size import (
     format_bytes,
     free_bytes_at,
 )
-from megatron.preflight import ERROR, OK, WARNING, Finding, register
+from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
 
 NAME = "save"
 CHECKPOINTS_WHEN_ALL_KEPT = 3

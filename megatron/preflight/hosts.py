@@ -13,7 +13,7 @@ from __future__ import annotations
 from megatron.config import Config
 from megatron.launcher.errors import LauncherError
 from megatron.launcher.hostfile import apply_resource_filter, read_hostfile
-from megatron.preflight import ERROR, OK, Finding, register
+from megatron.preflight.findings import ERROR, OK, Finding, register
 
 NAME = "hostfile"
 

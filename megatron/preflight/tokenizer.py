@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from megatron.config import Config
 from megatron.data.tokenizers import TOKENIZER_TYPES, Tokenizer, make_tokenizer
-from megatron.preflight import ERROR, OK, Finding, register
+from megatron.preflight.findings import ERROR, OK, Finding, register
 
 NAME = "tokenizer"
 

@@ -1,31 +1,24 @@
-"""Training: the loop, optimizers, LR schedules, checkpoints, evaluation, metrics, loggers.
+"""Training: `pretrain(cfg)` assembles a run; each wing below is a folder with its own index.
 
     from megatron.training import pretrain
     pretrain(cfg)          # on every rank; train.py does this
 
-| module            | what it holds                                                      |
-| ----------------- | ------------------------------------------------------------------ |
-| `pretrain`        | `pretrain(cfg)` set-up and the short `TrainLoop`                   |
-| `initialize`      | process group, topology, CPU threads, seeds                        |
-| `engine_setup`    | model + optimizer + LR schedule → `deepspeed.initialize`           |
-| `model_setup`     | the model for the engine, built partitioned under ZeRO-3          |
-| `fp16_scaler`     | fp16 loss scaling as configured, on every engine path             |
-| `data_setup`      | run length (`train_epochs`), datasets, per-rank batch iterators    |
-| `batches`         | loader samples → `((tokens, positions), (labels, loss_mask))`      |
-| `steps`           | one global batch on the pipeline or the plain engine               |
-| `callbacks`       | logging, evaluation, checkpointing hung off the loop               |
-| `evaluation`      | loss and perplexity over a split                                   |
-| `checkpointing`   | save schedule, extra state, atomic `latest`, pruning, load         |
-| `optimizers`      | optimizer registry and parameter groups (`optim/`: our optimizers) |
-| `lr_schedules`    | warm-up and decay shapes                                           |
-| `loss_scaling`    | the reported loss scale; the skipped-step guard                    |
-| `flops`, `monitor`| FLOPs per token, tokens/s, TFLOP/s, MFU, ETA                       |
-| `grad_norm`       | global gradient norm over tp and pp, clipping (fp32 without ZeRO)  |
-| `norms`           | optional per-parameter norms (`log_param_norm`, `log_grad_norm`)  |
-| `loggers/`        | console, metrics.jsonl, TensorBoard, wandb                         |
-| `report`, `signals` | start-up report; SIGTERM/SIGINT → save and exit                  |
+| wing / module | what it holds                                                            |
+| ------------- | ------------------------------------------------------------------------ |
+| `pretrain`    | `pretrain(cfg)`: the set-up order, written once                          |
+| `loop/`       | `TrainLoop`, its state and callbacks, evaluation, signals, profiling     |
+| `step/`       | one step per engine kind, gradient norm, non-finite steps, loss scaling  |
+| `setup/`      | model, engine, data and batches                                          |
+| `optim/`      | the optimizer registry and our optimizers; `optim/lr/`: LR schedules     |
+| `objectives/` | `train_impl` objectives (LM, DPO, KTO, RM) and the reference model      |
+| `checkpoint/` | saving and loading with the engine, when to save, disk space, experts    |
+| `metrics/`    | FLOPs, throughput, the start-up report and summary, loggers              |
+
+Only `train.py` and `bench/` import this package; what other rooms share lives below it
+(`megatron/checkpoint/`, `megatron/model/param_groups.py`, `megatron/launcher/worker.py`).
 """
 
-from megatron.training.pretrain import TrainResult, pretrain
+from megatron.training.loop.train_loop import TrainResult
+from megatron.training.pretrain import pretrain
 
 __all__ = ["TrainResult", "pretrain"]

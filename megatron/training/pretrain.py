@@ -10,138 +10,53 @@ The loop itself only steps, counts and asks its callbacks (`callbacks.py`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 
+from megatron.launcher.worker import initialize_distributed
 from megatron.model.checkpoint_size import checkpoint_size
-from megatron.training.batches import BatchSettings
-from megatron.training.callbacks import (
+from megatron.parallel.random import seed_everything
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.checkpoint.experts import ExpertCheckpoint
+from megatron.training.checkpoint.policy import CheckpointPolicy
+from megatron.training.loop.callbacks import (
     CheckpointCallback,
     EvaluationCallback,
     LoggingCallback,
     SkippedStepsCallback,
 )
-from megatron.training.checkpoint_policy import CheckpointPolicy
-from megatron.training.checkpointing import CheckpointIO
-from megatron.training.data_setup import (
+from megatron.training.loop.evaluation import Evaluator
+from megatron.training.loop.profiling import ProfilerCallback, ProfileSettings
+from megatron.training.loop.signals import StopRequest
+from megatron.training.loop.train_loop import TrainLoop, TrainResult, TrainState
+from megatron.training.metrics.flops import peak_tflops, step_work
+from megatron.training.metrics.loggers import build_loggers
+from megatron.training.metrics.monitor import TrainMonitor
+from megatron.training.metrics.norms import GradNormRecorder
+from megatron.training.metrics.report import (
+    final_summary,
+    layout_change_notice,
+    run_layout,
+    startup_report,
+)
+from megatron.training.objectives import build_objective
+from megatron.training.objectives.reference import build_reference
+from megatron.training.setup.batches import BatchSettings
+from megatron.training.setup.data import (
     BatchFactory,
     build_datasets,
     resolve_train_iters,
     train_samples_needed,
     valid_samples_consumed,
 )
-from megatron.training.engine_setup import build_engine
-from megatron.training.evaluation import EvalResult, Evaluator
-from megatron.training.flops import peak_tflops, step_work
-from megatron.training.initialize import initialize_distributed, seed_everything
-from megatron.training.loggers import build_loggers
-from megatron.training.loss_scaling import SkippedStepGuard
-from megatron.training.moe_checkpoint import ExpertCheckpoint
-from megatron.training.monitor import TrainMonitor
-from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
-from megatron.training.norms import GradNormRecorder
-from megatron.training.objectives import build_objective
-from megatron.training.profiling import ProfilerCallback, ProfileSettings
-from megatron.training.reference import build_reference
-from megatron.training.report import (
-    final_summary,
-    layout_change_notice,
-    run_layout,
-    startup_report,
-)
-from megatron.training.resume_vocab import with_checkpoint_vocab
-from megatron.training.signals import StopRequest
-from megatron.training.steps import engine_steps
+from megatron.training.setup.engine import build_engine
+from megatron.training.setup.resume_vocab import with_checkpoint_vocab
+from megatron.training.step.loss_scaling import SkippedStepGuard
+from megatron.training.step.nonfinite import NonFiniteSteps, state_is_finite
+from megatron.training.step.steps import engine_steps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainState:
-    """Run state that a checkpoint carries (the config stays frozen)."""
-
-    iteration: int = 0
-    consumed_samples: int = 0
-
-
-@dataclass
-class TrainResult:
-    """What `pretrain` returns (on every rank)."""
-
-    iteration: int
-    losses: list[float] = field(default_factory=list)
-    valid: EvalResult | None = None
-    test: EvalResult | None = None
-    stopped: bool = False
-
-
-class TrainLoop:
-    """Steps until `train_iters`, `exit_interval` or a signal; callbacks do the rest."""
-
-    def __init__(
-        self,
-        *,
-        steps,
-        engine,
-        lr_scheduler,
-        batches,
-        state,
-        train_iters,
-        global_batch,
-        guard,
-        loggers,
-        callbacks,
-        exit_interval=None,
-        stop=None,
-        facts=None,
-    ):
-        self.steps, self.engine, self.lr_scheduler = steps, engine, lr_scheduler
-        self.batches, self.state, self.train_iters = batches, state, train_iters
-        self.global_batch, self.guard, self.loggers = global_batch, guard, loggers
-        self.callbacks, self.exit_interval, self.stop = callbacks, exit_interval, stop
-        self.facts = dict(facts or {})  # fixed for the run: layout, samples the data holds
-        self.last_loss, self.last_applied = 0.0, True
-        self.losses: list[float] = []
-
-    def trainer_state(self) -> dict[str, Any]:
-        return {
-            "iteration": self.state.iteration,
-            "consumed_samples": self.state.consumed_samples,
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "skipped_steps": self.guard.state_dict(),
-            **self.facts,
-        }
-
-    def _should_stop(self) -> bool:
-        it = self.state.iteration
-        by_interval = bool(self.exit_interval) and it % self.exit_interval == 0
-        return (self.stop is not None and self.stop.agreed()) or by_interval
-
-    def run(self) -> bool:
-        """Train; True when stopped early (exit_interval or a signal)."""
-        stopped = False
-        try:
-            for callback in self.callbacks:
-                callback.on_start(self)
-            while self.state.iteration < self.train_iters and not stopped:
-                self.last_loss = self.steps.train_step(self.batches)
-                self.last_applied = self.steps.step_applied
-                self.state.iteration += 1
-                self.state.consumed_samples += self.global_batch
-                self.losses.append(self.last_loss)
-                for callback in self.callbacks:
-                    callback.after_step(self)
-                stopped = self.state.iteration < self.train_iters and self._should_stop()
-        except Exception as error:
-            for callback in self.callbacks:
-                callback.on_abort(self, error)
-            raise
-        for callback in self.callbacks:
-            callback.on_end(self, stopped)
-        return stopped
 
 
 def _resume(cfg, io: CheckpointIO, parts, guard) -> tuple[TrainState, dict | None]:

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.training.checkpoint_folders import COMPLETE, list_checkpoints, read_latest
-from megatron.training.safe_load import load_file
+from megatron.checkpoint.folders import COMPLETE, list_checkpoints, read_latest
+from megatron.checkpoint.safe_load import load_file
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron.training.checkpoint_folders import read_latest, write_latest
+from megatron.checkpoint.folders import read_latest, write_latest
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.folders import write_latest
 from megatron.checkpoint_tools import CheckpointReader
-from megatron.training.checkpoint_folders import write_latest
 from tests.e2e.test_train_deepy import _deepy, _finish, _records, _train_losses, _write_config
 
 MOE = dict(

@@ -25,8 +25,8 @@ def reshard(source, output, tp: int, pp: int) -> str:
 
 
 def _probe_and_resume(rank, world_size, runs):
+    from megatron.launcher.worker import initialize_distributed
     from megatron.training import pretrain
-    from megatron.training.initialize import initialize_distributed
 
     out = {}
     for key, settings in runs.items():

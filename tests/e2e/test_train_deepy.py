@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from megatron.training.checkpoint_folders import list_checkpoints, read_latest
+from megatron.checkpoint.folders import list_checkpoints, read_latest
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from megatron.training.checkpoint_folders import PERMANENT, read_latest
+from megatron.checkpoint.folders import PERMANENT, read_latest
 from tests.distributed import run_distributed
 from tests.unit.training.tiny_run import resolve, tiny_settings
 
@@ -35,8 +35,9 @@ def _crash_after_checkpoint(original):
 
 
 def _unbroken_crashed_resumed(rank, world_size, unbroken, policy_run):
-    from megatron.training import checkpoint_policy, pretrain
-    from megatron.training.callbacks import CheckpointCallback
+    from megatron.training import pretrain
+    from megatron.training.checkpoint import policy as checkpoint_policy
+    from megatron.training.loop.callbacks import CheckpointCallback
 
     if rank == 0:  # ten minutes pass between any two looks at rank 0's clock
         ticks = itertools.count()

@@ -109,7 +109,7 @@ def _train(rank, world_size, tmp, steps):
 def _saved_partitions(folder, mp: int, key: str) -> tuple[int, list[list], list, list]:
     """(ZeRO stage, each dp rank's `key` state by group, DeepSpeed's param_shapes, its
     per-parameter alignment paddings or None) of model-parallel rank `mp`."""
-    from megatron.training.safe_load import load_file
+    from megatron.checkpoint.safe_load import load_file
 
     files = list(folder.glob(f"zero_pp_rank_*_mp_rank_{mp:02d}_optim_states.pt"))
     files.sort(key=lambda p: int(p.name.split("_")[3]))
@@ -143,7 +143,7 @@ def _check_moments(tmp, name) -> None:
     order (with their alignment paddings) and cut into dp contiguous pieces of the saved
     partition's size (the end padding not compared); ZeRO 3, each parameter cut into
     ceil(numel / dp) pieces, rank d holding piece d of each, over its sub-groups."""
-    from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
+    from megatron.checkpoint_tools.optimizer_read import read_optimizer_state
     from megatron.checkpoint_tools.reader import CheckpointReader
 
     converted, why = read_optimizer_state(CheckpointReader(tmp / f"{name}_out" / "ckpt"))

@@ -28,7 +28,7 @@ PROBE = torch.randint(0, VOCAB, (2, 3 * WINDOW), generator=torch.Generator().man
 def _split_logits(rank, world_size, snippets):
     from megatron.config import config_from_dict
     from megatron.inference import InferenceModel
-    from megatron.training.initialize import initialize_distributed
+    from megatron.launcher.worker import initialize_distributed
 
     out = {}
     positions = torch.arange(PROBE.shape[1]).expand_as(PROBE)

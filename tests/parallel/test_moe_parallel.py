@@ -2,7 +2,7 @@
 
 One spawn runs three layouts of a 4-layer toy with experts on layers 0 and 2 (4 experts,
 top-2, load-balancing and z losses on), each through `deepspeed.initialize` with the product's
-expert-group registration and expert-gradient reduction (`megatron/training/moe_grads.py`)
+expert-group registration and expert-gradient reduction (`megatron/training/step/moe_grads.py`)
 and the product's step drivers (`steps.py`):
 
 - ep2 x tp2 (plain engine, dp 2): experts split over the two data-parallel ranks, every
@@ -30,14 +30,14 @@ from megatron.model import build_gpt, count_model_parameters, count_parameters, 
 from megatron.model.moe import Experts, moe_layers
 from megatron.parallel import ParallelTopology, is_tensor_parallel
 from megatron.parallel.comm import all_gather_along
-from megatron.training.checkpointing import CheckpointIO
-from megatron.training.moe_checkpoint import ExpertCheckpoint
-from megatron.training.moe_grads import (
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.checkpoint.experts import ExpertCheckpoint
+from megatron.training.step.moe_grads import (
     install_expert_grad_reduction,
     prepare_moe_step,
     register_expert_groups,
 )
-from megatron.training.steps import engine_steps
+from megatron.training.step.steps import engine_steps
 from tests.distributed import run_distributed
 from tests.unit.model.tiny import MICRO_BATCH, assert_close, micro_batches, neox_args
 

@@ -1,7 +1,7 @@
 """Expert parallelism under ZeRO-1/2 on 4 gloo ranks equals the single-process model.
 
 One spawn runs, through `deepspeed.initialize` with the product's expert parameter groups and
-ZeRO hook (`megatron/training/moe_grads.py`: `expert_param_groups`,
+ZeRO hook (`megatron/training/step/moe_grads.py`: `expert_param_groups`,
 `zero_partitions_experts`) and the product's step drivers, a 4-layer toy with experts on
 layers 0 and 2 (4 experts, top-2, load-balancing and z losses on) at ep 2:
 
@@ -30,18 +30,18 @@ import torch
 
 from megatron.model import build_gpt, full_state_dict
 from megatron.model.moe import Experts, moe_layers
+from megatron.model.param_groups import param_groups
 from megatron.parallel import ParallelTopology
-from megatron.training.checkpointing import CheckpointIO
-from megatron.training.moe_checkpoint import ExpertCheckpoint
-from megatron.training.moe_grads import (
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.checkpoint.experts import ExpertCheckpoint
+from megatron.training.step.moe_grads import (
     expert_param_groups,
     install_expert_grad_reduction,
     prepare_moe_step,
     register_expert_groups,
     zero_partitions_experts,
 )
-from megatron.training.optimizers import param_groups
-from megatron.training.steps import engine_steps
+from megatron.training.step.steps import engine_steps
 from tests.distributed import run_distributed
 from tests.parallel.test_moe_parallel import EP, EXPERTS, _expert_slice, _full, _mine, moe_args
 from tests.unit.model.tiny import MICRO_BATCH, assert_close, micro_batches

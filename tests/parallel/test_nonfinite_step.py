@@ -50,12 +50,13 @@ def _same(a: dict, b: dict) -> list[str]:
 
 def _diverge(rank, world_size, folder):
     from megatron.data import build_tokenizer
-    from megatron.training.batches import BatchSettings
-    from megatron.training.data_setup import BatchFactory, build_datasets
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
-    from megatron.training.nonfinite import NonFiniteSteps, state_is_finite
-    from megatron.training.steps import engine_steps
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.batches import BatchSettings
+    from megatron.training.setup.data import BatchFactory, build_datasets
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.nonfinite import NonFiniteSteps, state_is_finite
+    from megatron.training.step.steps import engine_steps
 
     results = {}
     for name, variant in VARIANTS.items():

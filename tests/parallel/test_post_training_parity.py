@@ -82,12 +82,12 @@ def _samples(objective, step, index):
 
 def run_layout(objective, tp, pp, zero, checkpointing, precision, world):
     from megatron.parallel import ParallelTopology
-    from megatron.training.batches import BatchSettings, ModelBatches
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import seed_everything
+    from megatron.parallel.random import seed_everything
     from megatron.training.objectives import build_objective
-    from megatron.training.reference import build_reference
-    from megatron.training.steps import engine_steps
+    from megatron.training.objectives.reference import build_reference
+    from megatron.training.setup.batches import BatchSettings, ModelBatches
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.steps import engine_steps
 
     cfg = _config(objective, tp, pp, zero, checkpointing, precision, world)
     topo = ParallelTopology.from_config(cfg)

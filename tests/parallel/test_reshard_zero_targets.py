@@ -90,9 +90,10 @@ def _engine_state(cfg) -> tuple[dict, int, int]:
     shards, gathered over its ZeRO fragments by DeepSpeed's `safe_get_full_*`), tp, tp rank."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    from megatron.training.checkpointing import CheckpointIO
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+    from megatron.training.setup.engine import build_engine
 
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed + 1)  # other initial weights than the saved ones

@@ -25,8 +25,8 @@ import torch
 from megatron.model import PIPELINE_SP_CONFIG, build_gpt, full_state_dict
 from megatron.parallel import ParallelTopology, is_tensor_parallel
 from megatron.parallel.comm import all_gather_along
-from megatron.training.batches import BatchSettings
 from megatron.training.objectives.rm import RewardModel
+from megatron.training.setup.batches import BatchSettings
 from tests.distributed import run_distributed
 from tests.unit.model.tiny import SEQ, assert_close, llama_args, neox_args
 from tests.unit.training.test_rm_objective import pair_samples

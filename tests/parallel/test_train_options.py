@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron.checkpoint.folders import list_checkpoints, read_latest
 from megatron.data import train_samples_per_epoch
-from megatron.training.checkpoint_folders import list_checkpoints, read_latest
 from tests.distributed import run_distributed
 from tests.unit.training.tiny_run import resolve, tiny_settings
 

@@ -40,8 +40,9 @@ def _partitions(rank, world_size, folder):
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
     from deepspeed.utils import groups
 
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.engine import build_engine
 
     cfg = resolve(_plain(folder, HPZ), world_size)
     topology = initialize_distributed(cfg)

@@ -34,9 +34,10 @@ def _built_partitioned(rank, world_size, folder, precision):
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
     from megatron.config import deepspeed_config
+    from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
-    from megatron.training.initialize import initialize_distributed, seed_everything
-    from megatron.training.model_setup import build_model_for_engine
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.model import build_model_for_engine
 
     extra = {"bf16": {"enabled": True}} if precision == "bf16" else {}
     cfg = resolve(_plain(folder, zero_optimization=ZERO3, **extra), world_size)

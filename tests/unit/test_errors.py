@@ -17,9 +17,9 @@ import pytest
 from megatron.config import ConfigError
 from megatron.errors import PACKAGE, is_user_error
 from megatron.launcher.failures import ERRORS_DIR_FLAG, USER_ERROR_EXIT, read_failures
-from megatron.training.disk_space import CheckpointSaveError
-from megatron.training.loss_scaling import TooManySkippedSteps
+from megatron.training.checkpoint.disk_space import CheckpointSaveError
 from megatron.training.optim.lion import Lion
+from megatron.training.step.loss_scaling import TooManySkippedSteps
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def main(argv):
         from megatron.config import ConfigError
         raise ConfigError("seq_length: 7 is not a multiple of 8")
     if argv[0] == "disk":  # a checkpoint write meeting a full disk, as CheckpointIO.save does
-        from megatron.training.disk_space import stop_on_failure
+        from megatron.training.checkpoint.disk_space import stop_on_failure
         with stop_on_failure("/ckpt", "global_step2", None, lambda path: 0):
             raise OSError(28, "No space left on device")
     raise RuntimeError("a bug")

@@ -17,13 +17,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.training.batches import pair_inputs
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.logprobs import (
     require_keys,
     sequence_logps,
     stored_sequence_logps,
 )
+from megatron.training.setup.batches import pair_inputs
 
 
 def precomputed(cfg) -> bool:

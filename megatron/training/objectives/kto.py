@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from megatron.training.batches import to_model_inputs
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.dpo import precomputed
 from megatron.training.objectives.logprobs import (
@@ -37,6 +36,7 @@ from megatron.training.objectives.logprobs import (
     sequence_logps,
     stored_sequence_logps,
 )
+from megatron.training.setup.batches import to_model_inputs
 
 REWARD_EPS = 0.001  # GPT-NeoX's threshold on the reward SUM: desirable, undesirable, neither
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from megatron.training.batches import to_model_inputs
 from megatron.training.objectives.base import Objective
+from megatron.training.setup.batches import to_model_inputs
 
 
 class LanguageModel(Objective):

@@ -1,5 +1,6 @@
-"""Optimizers written here: Lion, SM3, MADGRAD with decoupled weight decay, 1-bit Adam,
-DisTrO/DeMo."""
+"""Optimizers: the registry that builds the configured one (`optimizers.py`), the ones written
+here (Lion, SM3, MADGRAD with decoupled weight decay, 1-bit Adam, DisTrO/DeMo) and the LR
+schedules (`lr/`)."""
 
 from megatron.training.optim.distro import Distro
 from megatron.training.optim.lion import Lion

@@ -22,8 +22,8 @@ Under tensor parallelism each rank's shard is a tensor of its own: the exchange 
 data-parallel group only, between ranks that hold the same shard.
 
 Checkpoints: `delta` differs from rank to rank, so `state_dict` (saved by DeepSpeed on data-
-parallel rank 0 only) leaves it out and `rank_state_dict` holds it; `checkpointing.py` saves
-that per rank (`save_rank_state`/`load_rank_state`).
+parallel rank 0 only) leaves it out and `rank_state_dict` holds it; `checkpoint/checkpoint_io.py`
+saves that per rank (`save_rank_state`/`load_rank_state`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.safe_load import load_file
 from megatron.parallel.comm import all_gather_list
 from megatron.training.optim.distro_dct import ChunkedDCT, index_dtype
 from megatron.training.optim.onebit_adam import pack_signs, unpack_signs
-from megatron.training.safe_load import load_file
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 The benchmark is meant for a GPU; here its logic runs on the CPU with a 2-layer toy (as a
 subprocess: it initialises torch.distributed): every contender appears in the JSON, measured
 or skipped with a reason (fp16 without fp16 support), with positive tokens/s, TFLOP/s
-consistent with the model FLOPs of `megatron/training/flops.py`, and MFU against the peak
+consistent with the model FLOPs of `megatron/training/metrics/flops.py`, and MFU against the peak
 given on the command line. Timings themselves are never asserted.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from megatron.config import config_from_dict
-from megatron.training.flops import shape_from_config, training_flops_per_token
+from megatron.training.metrics.flops import shape_from_config, training_flops_per_token
 from tests.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[3]

@@ -301,7 +301,7 @@ def test_every_run_choice_is_supported_or_refused():
     from megatron.data.tokenizers import TOKENIZER_TYPES
     from megatron.inference.text import PROMPT_SOURCES
     from megatron.launcher.settings import RUNNER_LAUNCHERS, UNSUPPORTED_LAUNCHERS
-    from megatron.training.lr_schedules import DECAY_STYLES
+    from megatron.training.optim.lr.schedule import DECAY_STYLES
 
     assert _literal_choices("tokenizer_type") == set(TOKENIZER_TYPES)
     assert _literal_choices("lr_decay_style") <= set(DECAY_STYLES)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from megatron.config import ConfigError, load_config
-from megatron.training.batches import BatchSettings
-from megatron.training.data_setup import BatchFactory, build_datasets, resolve_train_iters
+from megatron.training.setup.batches import BatchSettings
+from megatron.training.setup.data import BatchFactory, build_datasets, resolve_train_iters
 
 RUN = """
 num_layers: 2

@@ -22,7 +22,7 @@ from megatron.model.moe_router import (
     router_z_loss,
     sinkhorn,
 )
-from megatron.training.flops import ModelShape, training_flops_per_token
+from megatron.training.metrics.flops import ModelShape, training_flops_per_token
 from tests.unit.model.tiny import SEQ, neox_args
 
 E, K, H = 4, 2, 32
@@ -376,7 +376,7 @@ def test_expert_parallel_is_accepted_without_zero_and_with_zero_1_2(overrides):
 def test_a_checkpoint_of_another_expert_parallel_size_is_refused_naming_reshard(tmp_path):
     import json
 
-    from megatron.training.moe_checkpoint import check_expert_layout
+    from megatron.checkpoint.experts import check_expert_layout
 
     (tmp_path / "config.json").write_text(json.dumps({"moe_expert_parallel_size": 2}))
     check_expert_layout(tmp_path, 2)

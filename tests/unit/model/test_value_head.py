@@ -16,7 +16,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import build_gpt, count_parameters, layer_index
-from megatron.training.flops import ModelShape, training_flops_per_token
+from megatron.training.metrics.flops import ModelShape, training_flops_per_token
 from tests.unit.model.tiny import SEQ, llama_args, neox_args
 
 ARGS = {"neox_tied": neox_args, "llama_untied": llama_args}

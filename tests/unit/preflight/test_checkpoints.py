@@ -90,7 +90,7 @@ def test_padded_vocabulary_and_untied_head_are_named(tmp_path):
 def test_a_padded_vocabulary_the_trainer_keeps_passes(tmp_path):
     """Resharded from tp 1 to tp 2, a checkpoint keeps its 520 padded rows (512 tokens, a
     multiple of 40), where the tp-2 config derives 560: the trainer builds 520 rows
-    (`megatron/training/resume_vocab.py`), so the shapes match."""
+    (`megatron/training/setup/resume_vocab.py`), so the shapes match."""
     keys = dict(world_size=2, model_parallel_size=2, make_vocab_size_divisible_by=40)
     saved = config(**keys).replace(padded_vocab_size=520)
     assert config(**keys).model.padded_vocab_size == 560

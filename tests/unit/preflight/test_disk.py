@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron.checkpoint.folders import list_checkpoints, read_latest
 from megatron.config import config_from_dict
 from megatron.model.checkpoint_size import OPTIMIZER_STATES, checkpoint_size, format_bytes
 from megatron.preflight import ERROR, OK, WARNING, run_preflight
-from megatron.training.checkpoint_folders import list_checkpoints, read_latest
-from megatron.training.checkpointing import CheckpointIO
-from megatron.training.disk_space import CheckpointSaveError
-from megatron.training.optimizers import OPTIMIZERS, build_optimizer
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.checkpoint.disk_space import CheckpointSaveError
+from megatron.training.optim.optimizers import OPTIMIZERS, build_optimizer
 from tests.distributed import run_distributed
 
 TINY = dict(

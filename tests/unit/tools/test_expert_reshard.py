@@ -20,16 +20,15 @@ import torch
 
 pytest.importorskip("transformers")
 
+from megatron.checkpoint.experts import is_expert_name  # noqa: E402
 from megatron.checkpoint_tools import CheckpointReader, import_hf  # noqa: E402
-from megatron.checkpoint_tools.optimizer_state import (  # noqa: E402
-    FullOptimizerState,
-    read_optimizer_state,
-)
+from megatron.checkpoint_tools.optimizer_read import read_optimizer_state  # noqa: E402
+from megatron.checkpoint_tools.optimizer_state import FullOptimizerState  # noqa: E402
 from megatron.checkpoint_tools.reshard import target_config  # noqa: E402
 from megatron.checkpoint_tools.schema import ModelSchema  # noqa: E402
 from megatron.checkpoint_tools.writer import write_checkpoint  # noqa: E402
 from megatron.model import ModelArgs, build_gpt  # noqa: E402
-from megatron.training.moe_checkpoint import ExpertCheckpoint, is_expert_name  # noqa: E402
+from megatron.training.checkpoint.experts import ExpertCheckpoint  # noqa: E402
 from tests.unit.tools.test_hf_mixtral import random_mixtral  # noqa: E402
 from tools import inspect_checkpoint, reshard  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 
 from megatron.checkpoint_tools import export_hf
 from megatron.checkpoint_tools.hf_import import _check_all_used, model_keys_from_hf
-from megatron.checkpoint_tools.optimizer_state import read_optimizer_state
+from megatron.checkpoint_tools.optimizer_read import read_optimizer_state
 from megatron.evaluation import results_path, split_tasks
 from megatron.model import ModelArgs, hf_config
 
@@ -111,7 +111,7 @@ def test_optimizer_state_that_cannot_move_is_dropped_naming_the_optimizer():
 
 
 def test_optimizer_state_not_shaped_like_the_parameter_cannot_move():
-    from megatron.checkpoint_tools.optimizer_state import _merge_param_state
+    from megatron.checkpoint_tools.optimizer_read import _merge_param_state
     from megatron.checkpoint_tools.schema import ModelSchema
 
     _, keys = model_keys_from_hf(LLAMA)

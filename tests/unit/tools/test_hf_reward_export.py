@@ -19,8 +19,8 @@ from megatron.checkpoint_tools import ModelSchema, write_checkpoint
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS
 from megatron.config import config_from_dict
 from megatron.model import ModelArgs, build_gpt, load_full_state_dict
-from megatron.training.batches import BatchSettings
 from megatron.training.objectives.rm import RewardModel, sequence_rewards
+from megatron.training.setup.batches import BatchSettings
 from tests.unit.tools.test_hf_export import random_state
 from tests.unit.tools.tiny_checkpoints import TOKENIZER, VOCAB
 

@@ -20,8 +20,9 @@ def _precompute(rank, world_size, settings, prefix):
     from megatron.data.indexed_dataset import MMapIndexedDataset
     from megatron.inference import InferenceModel
     from megatron.inference.precompute import precompute_dataset, scored_prefixes
+    from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.parallel.random import seed_everything
 
     cfg = resolve(settings, world_size)
     topology = initialize_distributed(cfg)

@@ -42,8 +42,8 @@ def _replicas(rank, world_size, settings):
     from megatron.evaluation.adapter import MegatronLM
     from megatron.inference import InferenceModel, SamplingSettings
     from megatron.inference.text import Interactive, run_prompts
+    from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
-    from megatron.training.initialize import initialize_distributed
 
     cfg = resolve(settings, world_size)
     topology = initialize_distributed(cfg)

@@ -125,7 +125,7 @@ def test_deepspeed_reads_each_ranks_shard_from_the_written_files(converted):
 
 
 def test_optimizer_state_file_has_the_target_groups(converted):
-    from megatron.training.safe_load import load_file
+    from megatron.checkpoint.safe_load import load_file
 
     out = converted["result"].folder
     saved = load_file(out / "zero" / "optimizer_state.pt")  # weights-only
@@ -217,7 +217,7 @@ def test_inspect_resume_at_follows_the_same_rule(converted):
 def test_bf16_zero_state_moves_only_to_zero_1_and_2():
     from types import SimpleNamespace
 
-    from megatron.checkpoint_tools.optimizer_state import unmovable_reason
+    from megatron.checkpoint_tools.optimizer_read import unmovable_reason
 
     def cfg(dtype, stage):
         return SimpleNamespace(
@@ -245,9 +245,9 @@ def test_load_universal_set_by_hand_on_an_ordinary_checkpoint_is_refused(convert
 
 
 def test_zero3_target_at_tp1(converted, tmp_path):
+    from megatron.checkpoint.safe_load import load_file
     from megatron.checkpoint_tools import reshard_checkpoint
     from megatron.preflight import ERROR
-    from megatron.training.safe_load import load_file
 
     source = converted["folder"] / "ckpt"
     folder = reshard_checkpoint(source, tmp_path / "ckpt", tp=1, pp=0, zero_stage=3).folder

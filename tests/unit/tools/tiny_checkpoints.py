@@ -148,8 +148,8 @@ def probe_and_generate(cfg, topology) -> dict:
 
 
 def _train_and_probe(rank, world_size, runs):
+    from megatron.launcher.worker import initialize_distributed
     from megatron.training import pretrain
-    from megatron.training.initialize import initialize_distributed
 
     out = {}
     for arch, settings in runs.items():

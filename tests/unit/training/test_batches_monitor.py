@@ -8,9 +8,14 @@ import math
 import pytest
 import torch
 
-from megatron.training.batches import BatchSettings, ModelBatches, reset_positions, to_model_inputs
-from megatron.training.evaluation import Evaluator, evaluate
-from megatron.training.monitor import TrainMonitor
+from megatron.training.loop.evaluation import Evaluator, evaluate
+from megatron.training.metrics.monitor import TrainMonitor
+from megatron.training.setup.batches import (
+    BatchSettings,
+    ModelBatches,
+    reset_positions,
+    to_model_inputs,
+)
 
 EOD = 0
 
@@ -126,7 +131,7 @@ def test_evaluate_and_evaluator():
 
 
 def test_only_the_language_model_objective_reports_a_perplexity(make_config):
-    from megatron.training.loggers.console import ConsoleLogger
+    from megatron.training.metrics.loggers.console import ConsoleLogger
     from megatron.training.objectives import OBJECTIVES
 
     cfg = make_config(

@@ -1,6 +1,6 @@
-"""Checkpoint policy (`checkpoint_policy.py`): Levanter's permanent tiers and time-based
-temporary checkpoints beside GPT-NeoX's schedule, with a fake clock: which iterations save
-which kind, which folders survive, where a resume starts, and the config checks."""
+"""Checkpoint policy (`megatron/training/checkpoint/policy.py`): Levanter's permanent tiers and
+time-based temporary checkpoints beside GPT-NeoX's schedule, with a fake clock: which iterations
+save which kind, which folders survive, where a resume starts, and the config checks."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import logging
 
 import pytest
 
-from megatron.config.checkpointing import parse_checkpoint_keep
-from megatron.config.schema import ConfigError
-from megatron.training.callbacks import CheckpointCallback
-from megatron.training.checkpoint_folders import (
+from megatron.checkpoint.folders import (
     COMPLETE,
     PERMANENT,
     prune_checkpoints,
@@ -19,8 +16,11 @@ from megatron.training.checkpoint_folders import (
     resume_tag,
     write_latest,
 )
-from megatron.training.checkpoint_policy import CheckpointPolicy, retire_temporaries
-from megatron.training.checkpointing import CheckpointIO, SaveSchedule
+from megatron.config.checkpointing import parse_checkpoint_keep
+from megatron.config.schema import ConfigError
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.checkpoint.policy import CheckpointPolicy, SaveSchedule, retire_temporaries
+from megatron.training.loop.callbacks import CheckpointCallback
 from tests.unit.training.test_checkpointing import FakeEngine, _Loop
 
 
@@ -162,7 +162,7 @@ def test_resume_takes_latest_else_the_newest_complete_of_either_kind(tmp_path, c
     write_latest(tmp_path, "global_step8_temporary")
     assert resume_tag(tmp_path) == "global_step8_temporary"
     write_latest(tmp_path, "global_step10")  # e.g. copied without its marker
-    with caplog.at_level(logging.WARNING, logger="megatron.training.checkpoint_folders"):
+    with caplog.at_level(logging.WARNING, logger="megatron.checkpoint.folders"):
         assert resume_tag(tmp_path) == "global_step8_temporary"
         assert "global_step10', which is partial" in caplog.text
         write_latest(tmp_path, "global_step12")

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.training.callbacks import CheckpointCallback
-from megatron.training.checkpoint_folders import (
+from megatron.checkpoint.folders import (
     COMPLETE,
     list_checkpoints,
     prune_checkpoints,
     read_latest,
     write_latest,
 )
-from megatron.training.checkpoint_policy import CheckpointPolicy
-from megatron.training.checkpointing import CheckpointIO, SaveSchedule, rng_state, set_rng_state
-from megatron.training.disk_space import CheckpointSaveError
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO, rng_state, set_rng_state
+from megatron.training.checkpoint.disk_space import CheckpointSaveError
+from megatron.training.checkpoint.policy import CheckpointPolicy, SaveSchedule
+from megatron.training.loop.callbacks import CheckpointCallback
 
 
 def test_linear_and_log_schedules():

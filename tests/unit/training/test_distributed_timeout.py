@@ -22,7 +22,7 @@ WORKER = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from megatron.config import config_from_dict
-    from megatron.training.initialize import initialize_distributed
+    from megatron.launcher.worker import initialize_distributed
 
     settings = dict(num_layers=1, hidden_size=8, num_attention_heads=1, seq_length=8,
                     train_micro_batch_size_per_gpu=1, distributed_backend="gloo")

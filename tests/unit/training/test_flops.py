@@ -30,7 +30,7 @@ from megatron.checkpoint_tools.hf_export import hf_config_object
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS, model_keys_from_hf
 from megatron.config import config_from_dict, load_config
 from megatron.model import ModelArgs, build_gpt
-from megatron.training.flops import (
+from megatron.training.metrics.flops import (
     ModelShape,
     peak_description,
     peak_tflops,
@@ -171,11 +171,11 @@ def _one_step_counted(rank, world_size, runs):
     import deepspeed
 
     from megatron.parallel import ParallelTopology
-    from megatron.training.batches import BatchSettings, ModelBatches
-    from megatron.training.engine_setup import build_engine
     from megatron.training.objectives import build_objective
-    from megatron.training.reference import build_reference
-    from megatron.training.steps import engine_steps
+    from megatron.training.objectives.reference import build_reference
+    from megatron.training.setup.batches import BatchSettings, ModelBatches
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.steps import engine_steps
     from tests.parallel.test_post_training_parity import _config, _samples
 
     deepspeed.init_distributed(dist_backend="gloo")

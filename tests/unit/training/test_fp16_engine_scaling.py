@@ -71,8 +71,9 @@ def _allow_fp16_on_cpu():
 
 
 def _engine(folder, layout):
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.engine import build_engine
 
     settings = tiny_settings(folder, hidden_dropout=0.0, attention_dropout=0.0, save=None,
                              load=None, checkpoint_factor=None, fp16=FP16)  # fmt: skip
@@ -110,8 +111,8 @@ def _batches(n):
 
 
 def _scaling_of_every_engine(rank, world_size, folder):
-    from megatron.training.fp16_scaler import HYSTERESIS_STATE_KEY
-    from megatron.training.steps import engine_steps
+    from megatron.training.step.fp16_scaler import HYSTERESIS_STATE_KEY
+    from megatron.training.step.steps import engine_steps
 
     _allow_fp16_on_cpu()
     out = {}

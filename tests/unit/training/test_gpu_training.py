@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_adam_uses_the_fused_kernel_on_cuda():
-    from megatron.training.optimizers import build_optimizer, param_groups
+    from megatron.model.param_groups import param_groups
+    from megatron.training.optim.optimizers import build_optimizer
 
     model = torch.nn.Linear(4, 4).cuda()
     opt = build_optimizer(param_groups(model, 0.1), "AdamW", 1e-3, 0.1)

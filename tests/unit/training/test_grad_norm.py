@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.training.grad_norm import clip_by_global_norm, global_grad_norm
+from megatron.training.step.grad_norm import clip_by_global_norm, global_grad_norm
 
 ONE_RANK = SimpleNamespace(tp_rank=0, tp_group=None, pp_group=None)
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from megatron.training.loggers import (
+from megatron.training.metrics.loggers import (
     TRAIN_KEYS,
     ConsoleLogger,
     JsonlLogger,
@@ -163,8 +163,8 @@ def test_console_eval_line_shows_the_objectives_metrics():
 
 def test_a_missing_logger_package_is_a_user_error(tmp_path, monkeypatch):
     from megatron.errors import is_user_error
-    from megatron.training.loggers.tensorboard import TensorBoardLogger
-    from megatron.training.loggers.wandb_logger import WandbLogger
+    from megatron.training.metrics.loggers.tensorboard import TensorBoardLogger
+    from megatron.training.metrics.loggers.wandb_logger import WandbLogger
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     monkeypatch.setitem(sys.modules, "wandb", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatron.training.loss_scaling import SkippedStepGuard, TooManySkippedSteps
+from megatron.training.step.loss_scaling import SkippedStepGuard, TooManySkippedSteps
 
 
 def test_guard_stops_the_run_after_consecutive_skips():

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from megatron.config.schema import ConfigError
-from megatron.training.lr_schedules import AnnealingLR, build_lr_scheduler
+from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
 
 PEAK, MIN = 1.0e-3, 1.0e-4
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.training.lr_schedules import build_lr_scheduler
+from megatron.training.optim.lr.schedule import build_lr_scheduler
 
 NEOX_STYLES = ("constant", "linear", "cosine", "exponential")
 

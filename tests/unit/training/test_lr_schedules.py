@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from megatron.training.lr_schedules import (
+from megatron.training.optim.lr.schedule import (
     AnnealingLR,
     ScheduleSettings,
     build_lr_scheduler,
@@ -126,3 +126,11 @@ def test_resume_with_different_curve_needs_a_choice():
     assert (new.settings.peak_lr, new.num_iters) == (1.0, 7)
     with pytest.raises(ValueError, match="at most one"):
         AnnealingLR(_opt(), ours, override_lr_scheduler=True, use_checkpoint_lr_scheduler=True)
+
+
+def test_every_configurable_style_has_one_class_and_every_class_a_name():
+    from megatron.training.optim.lr.settings import DECAY_STYLE_NAMES, WSD_TAIL_NAMES
+    from megatron.training.optim.lr.styles import DECAY_STYLES, WSD_TAILS
+
+    assert set(DECAY_STYLE_NAMES) == set(DECAY_STYLES)
+    assert set(WSD_TAIL_NAMES) == set(WSD_TAILS)

@@ -1,4 +1,4 @@
-"""Expert slices in checkpoints (`megatron/training/moe_checkpoint.py`), without processes.
+"""Expert slices in checkpoints (`megatron/checkpoint/experts.py`), without processes.
 
 A rank's layout is a `ParallelTopology` given its world size and rank (no groups needed):
 expert-parallel rank 1 writes its experts and their AdamW state once, the reader's merge
@@ -14,14 +14,10 @@ import pytest
 import torch
 from torch import nn
 
+from megatron.checkpoint.experts import expert_file, expert_slices, merge_expert_slices
 from megatron.model.moe import Experts
 from megatron.parallel import ParallelTopology
-from megatron.training.moe_checkpoint import (
-    ExpertCheckpoint,
-    expert_file,
-    expert_slices,
-    merge_expert_slices,
-)
+from megatron.training.checkpoint.experts import ExpertCheckpoint
 from tests.unit.model.tiny import neox_args
 
 ARGS = neox_args(moe_num_experts=4, moe_top_k=2, moe_router_type="topk")

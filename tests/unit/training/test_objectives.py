@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from megatron.training.batches import BatchSettings
 from megatron.training.objectives import OBJECTIVES, build_objective
+from megatron.training.setup.batches import BatchSettings
 from tests.unit.training.conftest import tiny_config
 
 V = 11

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
+from megatron.model.param_groups import param_groups
 from megatron.training.optim import MADGRAD, SM3, Lion, OneBitAdam
-from megatron.training.optimizers import (
+from megatron.training.optim.optimizers import (
     OPTIMIZERS,
     build_optimizer,
     build_optimizer_from_config,
-    param_groups,
 )
 
 # Per-type learning rates that make 40 steps on the toy problem clearly useful.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.training.pretrain import TrainLoop, TrainState
-from megatron.training.profiling import ProfilerCallback, ProfileSettings
+from megatron.training.loop.profiling import ProfilerCallback, ProfileSettings
+from megatron.training.loop.train_loop import TrainLoop, TrainState
 
 
 class _Steps:

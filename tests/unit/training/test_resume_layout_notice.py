@@ -3,8 +3,8 @@ at another global batch size (`data_setup.train_samples_needed`)."""
 
 from __future__ import annotations
 
-from megatron.training.data_setup import train_samples_needed
-from megatron.training.report import layout_change_notice
+from megatron.training.metrics.report import layout_change_notice
+from megatron.training.setup.data import train_samples_needed
 
 NOW = {"tp": 1, "pp": 1, "dp": 2}
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
+from megatron.checkpoint.folders import CONFIG_FILE, write_latest
 from megatron.config import config_from_dict, kept_padded_vocab
-from megatron.training.checkpoint_folders import CONFIG_FILE, write_latest
-from megatron.training.resume_vocab import with_checkpoint_vocab
+from megatron.training.setup.resume_vocab import with_checkpoint_vocab
 from tests.unit.training.conftest import TINY
 
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from megatron.model import ModelArgs, build_gpt
-from megatron.training.batches import BatchSettings
 from megatron.training.objectives import OBJECTIVES, build_objective
 from megatron.training.objectives.rm import RewardDataError, RewardModel
+from megatron.training.setup.batches import BatchSettings
 from tests.unit.model.tiny import assert_close, neox_args
 
 Z = 0.05

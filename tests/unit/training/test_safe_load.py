@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.checkpoint_tools import CheckpointReader
-from megatron.training.checkpoint_folders import TRAINER_STATE, write_latest
-from megatron.training.checkpointing import CheckpointIO, rng_state
-from megatron.training.safe_load import (
+from megatron.checkpoint.folders import TRAINER_STATE, write_latest
+from megatron.checkpoint.safe_load import (
     FORCE_WEIGHTS_ONLY,
     UnsafeCheckpointError,
     load_file,
     use_safe_loading,
     weights_only_loading,
 )
+from megatron.checkpoint_tools import CheckpointReader
+from megatron.training.checkpoint.checkpoint_io import CheckpointIO, rng_state
 from tests.unit.training.conftest import tiny_config
 from tests.unit.training.test_checkpointing import FakeEngine
 

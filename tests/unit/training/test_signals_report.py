@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.training.flops import StepWork
-from megatron.training.report import final_summary, startup_report
-from megatron.training.signals import StopRequest
+from megatron.training.loop.signals import StopRequest
+from megatron.training.metrics.flops import StepWork
+from megatron.training.metrics.report import final_summary, startup_report
 
 
 def test_sigterm_is_remembered_and_a_second_sigint_interrupts():

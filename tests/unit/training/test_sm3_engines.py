@@ -62,9 +62,10 @@ def _shapes_kept_by_deepspeed(rank, world_size, folder, combos):
 
     from megatron.config import deepspeed_config
     from megatron.config.optimizer_engines import flattening_wrapper
+    from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
-    from megatron.training.initialize import initialize_distributed
-    from megatron.training.optimizers import build_optimizer, check_parameter_shapes, param_groups
+    from megatron.model.param_groups import param_groups
+    from megatron.training.optim.optimizers import build_optimizer, check_parameter_shapes
 
     _allow_fp16_on_cpu()
     out = []
@@ -123,9 +124,10 @@ def _record_steps(optimizer, log):
 
 
 def _sm3_in_allowed_engines(rank, world_size, folder):
-    from megatron.training.engine_setup import build_engine
-    from megatron.training.initialize import initialize_distributed, seed_everything
-    from megatron.training.steps import engine_steps
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.steps import engine_steps
 
     _allow_fp16_on_cpu()
     g = torch.Generator().manual_seed(0)

@@ -1,0 +1,52 @@
+"""Metrics loggers, one file each: console, metrics.jsonl, TensorBoard, wandb (rank 0 only).
+
+loggers = build_loggers(cfg, rank, train_iters)
+loggers.log_train(record); loggers.log_eval(record); loggers.close()
+"""
+
+from __future__ import annotations
+
+from megatron.training.metrics.loggers.base import TRAIN_KEYS, LoggerGroup, MetricsLogger, scalars
+from megatron.training.metrics.loggers.console import ConsoleLogger, format_train_line
+from megatron.training.metrics.loggers.jsonl import JsonlLogger
+
+
+def build_loggers(cfg, rank: int, train_iters: int | None = None) -> LoggerGroup:
+    """The loggers `cfg.logging` asks for on global rank 0; an empty group elsewhere."""
+    if rank != 0:
+        return LoggerGroup([])
+    log = cfg.logging
+    loggers: list[MetricsLogger] = [ConsoleLogger(train_iters)]
+    if log.log_dir:
+        loggers.append(JsonlLogger(log.log_dir))
+    if log.tensorboard_dir:
+        from megatron.training.metrics.loggers.tensorboard import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(log.tensorboard_dir))
+    if log.use_wandb:
+        from megatron.training.metrics.loggers.wandb_logger import WandbLogger
+
+        loggers.append(
+            WandbLogger(
+                log.wandb_project,
+                group=log.wandb_group,
+                entity=log.wandb_team,
+                name=log.wandb_run_name,
+                host=log.wandb_host,
+                run_dir=log.log_dir,
+                config=cfg.to_dict() if hasattr(cfg, "to_dict") else None,
+            )
+        )
+    return LoggerGroup(loggers)
+
+
+__all__ = [
+    "TRAIN_KEYS",
+    "ConsoleLogger",
+    "JsonlLogger",
+    "LoggerGroup",
+    "MetricsLogger",
+    "build_loggers",
+    "format_train_line",
+    "scalars",
+]

@@ -1,0 +1,103 @@
+"""Per-interval training figures: loss, skipped steps, throughput, TFLOP/s, MFU, ETA.
+
+`TrainMonitor.step(...)` is called after every iteration; `record(...)` at each log interval
+builds the training record (see `megatron/training/metrics/loggers/base.py`) and starts a new
+interval.
+
+The interval's loss is the mean over its applied steps (a skipped fp16 overflow step does not
+count, as in Megatron and GPT-NeoX), or over all its steps when none was applied; an inf/NaN
+loss in the interval is shown as it is, never averaged away or logged as a blank.
+
+Extra per-step figures (`step(..., extras={"moe_aux_loss": ...})`, the mixture-of-experts
+router losses) are logged as their mean over the interval's steps, under their own names.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from megatron.training.metrics.flops import throughput
+
+
+class TrainMonitor:
+    """Accumulates one log interval."""
+
+    def __init__(
+        self,
+        tokens_per_step: int,
+        flops_per_token: float,
+        world_size: int,
+        peak_tflops: float | None,
+        train_iters: int,
+        clock=time.perf_counter,
+    ):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.peak = peak_tflops
+        self.train_iters = train_iters
+        self.clock = clock
+        self.start = clock()
+        self._reset(self.start)
+
+    def _reset(self, now: float) -> None:
+        self.interval_start = now
+        self.loss_sum = 0.0
+        self.all_loss_sum = 0.0
+        self.nonfinite_loss: float | None = None
+        self.applied = 0
+        self.skipped = 0
+        self.steps = 0
+        self.extras: dict[str, float] = {}
+
+    def step(self, loss: float, applied: bool, extras: dict | None = None) -> None:
+        self.steps += 1
+        for name, value in (extras or {}).items():
+            self.extras[name] = self.extras.get(name, 0.0) + value
+        self.all_loss_sum += loss
+        if not math.isfinite(loss) and self.nonfinite_loss is None:
+            self.nonfinite_loss = loss
+        if applied:
+            self.loss_sum += loss
+            self.applied += 1
+        else:
+            self.skipped += 1
+
+    def _loss(self) -> float | None:
+        if self.nonfinite_loss is not None:
+            return self.nonfinite_loss
+        if self.applied:
+            return self.loss_sum / self.applied
+        return self.all_loss_sum / self.steps if self.steps else None
+
+    def record(self, iteration: int, lr, grad_norm, loss_scale, timers=None) -> dict:
+        now = self.clock()
+        seconds = now - self.interval_start
+        speed = throughput(
+            self.steps * self.tokens_per_step,
+            seconds,
+            self.flops_per_token,
+            self.world_size,
+            self.peak,
+        )
+        per_step = seconds / max(self.steps, 1)
+        record = {
+            "iteration": iteration,
+            "loss": self._loss(),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "loss_scale": loss_scale,
+            "skipped": self.skipped,
+            "tokens_per_sec": speed.tokens_per_sec,
+            "tflops_per_gpu": speed.tflops_per_gpu,
+            "mfu": speed.mfu,
+            "elapsed_s": now - self.start,
+            "eta_s": max(0, self.train_iters - iteration) * per_step,
+        }
+        for name, total in self.extras.items():
+            record[name] = total / max(self.steps, 1)
+        for name, ms in (timers or {}).items():
+            record[f"time/{name}"] = ms
+        self._reset(now)
+        return record

@@ -1,0 +1,152 @@
+"""The start-up report: model size and FLOPs, parallel layout, batch arithmetic, data sizes;
+the run summary."""
+
+from __future__ import annotations
+
+from megatron.config.parallel import hpz_partition_size
+from megatron.training.metrics.flops import StepWork, peak_description
+
+
+def _num(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:g}"
+
+
+def _hpz(p) -> str:
+    size = hpz_partition_size(p.zero_optimization)
+    return f" (hpZ: parameters partitioned within groups of {size} ranks)" if size > 1 else ""
+
+
+def run_layout(cfg, topology) -> dict[str, int]:
+    """The parallel layout a checkpoint records (`layout` in its trainer state): which rank
+    holds which RNG streams depends on it."""
+    return {
+        "tp": topology.tp_size,
+        "pp": cfg.parallel.pipe_parallel_size,
+        "dp": topology.dp_size,
+    }
+
+
+def layout_change_notice(saved: dict | None, current: dict[str, int]) -> str | None:
+    """The start-up line of a run resumed at another layout than its checkpoint's (None when
+    the layout is the same, or the checkpoint predates the record). Each rank's dropout and
+    other RNG streams belong to its place in the old layout, so they are not restored."""
+    if not saved or all(saved.get(k) == v for k, v in current.items()):
+        return None
+    old = ",".join(str(saved.get(k, "?")) for k in current)
+    new = ",".join(str(v) for v in current.values())
+    return (
+        f"layout changed from (tp,pp,dp)=({old}) to ({new}): dropout RNG streams restart from "
+        "the seed; the run is not bitwise identical to an uninterrupted one (the data stream "
+        "and the LR schedule continue where the checkpoint stopped)"
+    )
+
+
+def startup_report(
+    cfg,
+    topology,
+    *,
+    parameters: int,
+    work: StepWork,
+    train_iters: int,
+    dataset_sizes: dict[str, int | None],
+    resumed_from: int = 0,
+    layout_notice: str | None = None,
+    backend: str | None = None,
+) -> str:
+    """Lines printed once by rank 0 before training (`work`: `flops.step_work`;
+    `layout_notice`: see `layout_change_notice`; `backend`: the torch.distributed backend in
+    use, which on a machine without a GPU is gloo whatever `distributed_backend` says)."""
+    t, m, p = cfg.training, cfg.model, cfg.parallel
+    tokens_per_step, pairs = work.tokens, work.sequences_per_sample == 2
+    data = ", ".join(
+        f"{name} {size:,} samples" if size is not None else f"{name} none"
+        for name, size in dataset_sizes.items()
+    )
+    return "\n".join(
+        [
+            "start-up report",
+            f"  model: {parameters:,} parameters ({_num(parameters)}), {m.num_layers} layers, "
+            f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}, "
+            f"vocab {m.padded_vocab_size}",
+            f"  FLOPs per token (model FLOPs): {_flops_per_token(work)}; per step "
+            f"{_num(work.flops)}; "
+            + peak_description(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops),
+            f"  layout: world {topology.world_size} = data {topology.dp_size} × pipeline "
+            f"{p.pipe_parallel_size or 1} ({'pipeline engine' if p.pipe_parallel_size else 'plain engine'})"  # noqa: E501
+            f" × tensor {topology.tp_size}; ZeRO stage {p.zero_stage}{_hpz(p)}; precision "
+            f"{cfg.precision.dtype}; optimizer {cfg.optimizer.optimizer_type}"
+            + (f"; backend {backend}" if backend else ""),
+            f"  batch: global {t.train_batch_size}{' pairs' if pairs else ''} = micro "
+            f"{t.train_micro_batch_size_per_gpu} "
+            f"× accumulation {t.gradient_accumulation_steps} × data-parallel {topology.dp_size}"
+            + (f" = {work.samples * 2} sequences (chosen and rejected)" if pairs else "")
+            + f" = {tokens_per_step:,} tokens per step",
+            f"  schedule: {train_iters} iterations ({_num(train_iters * tokens_per_step)} "
+            f"tokens), starting at {resumed_from}",
+            f"  data: {data}"
+            + (" (synthetic tokens: data_impl dummy)" if cfg.data.data_impl == "dummy" else ""),
+        ]
+        + ([f"  resume: {layout_notice}"] if layout_notice else [])
+    )
+
+
+def _flops_per_token(work: StepWork) -> str:
+    """The training FLOPs per token, and the reference model's forward apart when one runs."""
+    training = f"training {_num(work.training_flops_per_token)}"
+    if not work.reference_flops_per_token:
+        return training
+    share = work.reference_flops_per_token / work.flops_per_token
+    return (
+        f"{training} + reference model forward {_num(work.reference_flops_per_token)} "
+        f"({share:.0%} of the step) = {_num(work.flops_per_token)}"
+    )
+
+
+def final_summary(
+    cfg, result, *, started_at: int, train_iters: int, seconds: float, tokens_per_step: int
+) -> str:
+    """Lines printed once by rank 0 when training ends: where it stopped, the final losses,
+    tokens and time of this run, and where the checkpoint and the logs are.
+
+    `result` is pretrain's `TrainResult`; `started_at` the iteration the run resumed from;
+    `seconds` the time since the first step (evaluations included); `tokens_per_step`
+    `flops.StepWork.tokens`.
+    """
+    from megatron.checkpoint.folders import read_latest
+    from megatron.training.metrics.loggers.console import format_duration
+
+    tokens = (result.iteration - started_at) * tokens_per_step
+    if result.stopped:
+        status = f"stopped early at iteration {result.iteration} of {train_iters}"
+    else:
+        status = f"finished at iteration {result.iteration} of {train_iters}"
+    losses = [f"train {result.losses[-1]:.4f} (last step)"] if result.losses else []
+    for split, ev in (("valid", result.valid), ("test", result.test)):
+        if ev is not None:
+            ppl = f" (perplexity {ev.perplexity:.3f})" if ev.perplexity is not None else ""
+            losses.append(f"{split} {ev.loss:.4f}{ppl}")
+    speed = f" ({tokens / seconds:,.0f} tokens/s)" if seconds > 0 else ""
+    save = cfg.checkpointing.save
+    tag = read_latest(save) if save else None
+    return "\n".join(
+        [
+            "run summary",
+            f"  {status}",
+            f"  final loss: {', '.join(losses) or '-'}",
+            f"  tokens: {tokens:,} in {format_duration(seconds)}{speed}",
+            f"  checkpoint: {f'{save}/{tag}' if tag else 'none (set save to keep one)'}",
+            f"  logs: {_log_places(cfg.logging)}",
+        ]
+    )
+
+
+def _log_places(lg) -> str:
+    places = [f"{lg.log_dir}/metrics.jsonl" if lg.log_dir else "console only (no log_dir)"]
+    if lg.tensorboard_dir:
+        places.append(f"TensorBoard {lg.tensorboard_dir}")
+    if lg.use_wandb:
+        places.append(f"wandb project {lg.wandb_project}")
+    return ", ".join(places)

@@ -1,0 +1,93 @@
+"""Model, optimizer and LR schedule handed to `deepspeed.initialize`.
+
+Every optimizer is built here (`optimizers.py`), never by DeepSpeed, so the `optimizer`
+section of the exported DeepSpeed config is dropped. The pipeline engine gets a
+`PipelineModule` (its topology carries the groups); the plain engine gets the `GPTModel` and
+the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
+(`model.py`). After `deepspeed.initialize`: fp16 loss scaling as configured
+(`fp16_scaler.py`), and a check that an optimizer which needs whole parameters got them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from megatron.config.verbosity import quiet_deepspeed
+from megatron.training.optim import Distro, OneBitAdam
+from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
+from megatron.training.optim.optimizers import build_optimizer_from_config, check_parameter_shapes
+from megatron.training.setup.model import build_model_for_engine
+from megatron.training.step.fp16_scaler import install_loss_scaler
+from megatron.training.step.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
+from megatron.training.step.moe_grads import (
+    install_expert_grad_reduction,
+    register_expert_groups,
+    zero_partitions_experts,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    engine: Any
+    model: torch.nn.Module
+    optimizer: Any
+    lr_scheduler: AnnealingLR
+    ds_config: dict
+
+
+def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts:
+    """Build the model (seeded by the caller), optimizer, scheduler and DeepSpeed engine;
+    the model's `loss_fn` is `objective`'s (`objectives/`; None: the language-model loss)."""
+    import deepspeed
+
+    from megatron.config import deepspeed_config
+    from megatron.parallel import model_parallel_seed
+
+    ds_config = deepspeed_config(cfg)
+    model = build_model_for_engine(cfg, topology, ds_config)
+    if objective is not None:
+        objective.install(model)
+    model_parallel_seed(cfg.training.seed, topology)
+    optimizer, _ = build_optimizer_from_config(cfg, model)
+    scheduler = build_lr_scheduler(cfg, optimizer, train_iters)
+    pipeline = cfg.parallel.pipe_parallel_size >= 1
+    register_expert_groups(topology)  # before initialize: it broadcasts experts over them
+    # quiet: DeepSpeed's bf16 optimizer prints its memory use (`MA ... Max_MA ...`) as it builds
+    with zero_partitions_experts(cfg.parallel.zero_stage), quiet_deepspeed():
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            mpu=None if pipeline else topology,
+        )
+    check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
+    if isinstance(optimizer, OneBitAdam | Distro):  # they replace the gradient all-reduce
+        optimizer.attach_engine(engine, topology.dp_group)
+    install_loss_scaler(engine)
+    install_expert_grad_reduction(engine, model, topology)
+    use_global_norm_clipping(engine, topology)
+    return EngineParts(engine, model, optimizer, scheduler, ds_config)
+
+
+def use_global_norm_clipping(engine, topology) -> None:
+    """Clip fp32 gradients without ZeRO by the true global norm, and keep that norm.
+
+    DeepSpeed's own fp32 clipping neither sums the norm over pipeline stages nor reports it
+    (see `grad_norm.py`); its fp16/bf16/ZeRO optimizers do both and are left alone. This
+    replaces that one method of this engine.
+    """
+
+    def clip_and_record():
+        known = engine.__dict__.pop(STEP_GRAD_NORM, None)  # the non-finite check's, this step
+        engine._global_grad_norm = clip_by_global_norm(
+            engine.module.parameters(), engine.gradient_clipping(), topology, norm=known
+        )
+
+    engine.clip_fp32_gradients = clip_and_record

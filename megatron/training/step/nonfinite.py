@@ -1,0 +1,115 @@
+"""A step whose loss or gradient norm is inf/NaN changes nothing, and no checkpoint holds one.
+
+`NonFiniteSteps.install()` wraps the engine's `_take_model_step` (the one method both of
+DeepSpeed's engines call at the end of a global batch: `PipelineEngine` from its
+`OptimizerStep` instruction, the plain engine from `step()` at the accumulation boundary).
+Before the update it asks, on every rank: is this rank's share of the loss non-finite, or,
+where DeepSpeed wraps nothing around our optimizer (fp32 without ZeRO, whose DeepSpeed path
+checks nothing), is the global gradient norm non-finite? One flag is then all-reduced (MAX)
+over the whole world, so every rank takes the same decision.
+
+A bad step is skipped through DeepSpeed's own overflow path: the engine's step runs with our
+optimizer's `step` replaced by a no-op that marks the engine's optimizer as overflowed, so
+DeepSpeed clears the gradients, leaves the LR schedule where it was, reports
+`was_step_applied() == False` and counts the step as skipped; weights and optimizer state
+are untouched. (DeepSpeed's fp16, bf16 and ZeRO optimizers also skip a step whose own norm
+is inf/NaN; that skip is reported the same way.) Skipped steps are counted, and the run
+stopped after `max_consecutive_skipped_steps` in a row, by `SkippedStepGuard`
+(`loss_scaling.py`) through `callbacks.SkippedStepsCallback`.
+
+`state_is_finite(engine, optimizer)` (collective) is asked before every checkpoint save.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.parallel.host_values import reduce_host, world_group
+from megatron.training.step.grad_norm import STEP_GRAD_NORM, global_grad_norm
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any rank of the world."""
+    return bool(reduce_host([flag], world_group(), op="max")[0])
+
+
+def _is_finite(value) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_finite(v) for v in value)
+    return bool(torch.isfinite(torch.as_tensor(value)).all())
+
+
+class NonFiniteSteps:
+    """Skips (on every rank) a step whose loss or gradient norm is not finite.
+
+    `optimizer` is ours (the one given to `deepspeed.initialize`); `local_loss()` returns
+    this rank's summed loss of the current global batch so far (None where it has none, e.g.
+    a pipeline stage other than the last).
+    """
+
+    def __init__(self, engine, optimizer, topology, local_loss):
+        self.engine, self.optimizer = engine, optimizer
+        self.topology, self.local_loss = topology, local_loss
+        self.skipped = 0
+
+    def install(self) -> None:
+        take_step = self.engine._take_model_step
+
+        def guarded_step(lr_kwargs=None):
+            try:
+                if _any_rank(self._bad_here()):
+                    self._skip(take_step, lr_kwargs)
+                else:
+                    take_step(lr_kwargs)
+            finally:
+                self.engine.__dict__.pop(STEP_GRAD_NORM, None)  # never seen by a later step
+
+        self.engine._take_model_step = guarded_step
+
+    def _bad_here(self) -> bool:
+        bad = not _is_finite(self.local_loss())
+        if self.engine.optimizer is self.optimizer:  # no DeepSpeed wrapper checks the grads
+            params = [p for p in self.engine.module.parameters() if p.grad is not None]
+            norm = global_grad_norm(params, self.topology)
+            self.engine._global_grad_norm = norm  # the step's norm, shown in the logs
+            setattr(self.engine, STEP_GRAD_NORM, norm)  # reused by the clipping of this step
+            bad = bad or not _is_finite(norm)
+        return bad
+
+    def _skip(self, take_step, lr_kwargs) -> None:
+        """DeepSpeed's step with our optimizer's update made a no-op marked as an overflow."""
+        wrapper, optimizer = self.engine.optimizer, self.optimizer
+
+        def no_update(*args, **kwargs):
+            wrapper.overflow = True  # DeepSpeed: no LR step, step not applied, skipped += 1
+
+        own_step = optimizer.__dict__.get("step")  # an instance-level wrapper, if any
+        optimizer.step = no_update  # shadows the method for this one step
+        try:
+            take_step(lr_kwargs)
+        finally:
+            if own_step is None:
+                del optimizer.step
+            else:
+                optimizer.step = own_step
+            if wrapper is optimizer:  # a plain torch optimizer has no overflow flag of its own
+                optimizer.__dict__.pop("overflow", None)
+        self.skipped += 1
+
+
+def _local_tensors(engine, optimizer):
+    for p in engine.module.parameters():
+        yield getattr(p, "ds_tensor", p)  # ZeRO-3: this rank's partition
+    for group in optimizer.param_groups:
+        yield from group["params"]  # fp32 master weights under bf16/ZeRO
+    for state in optimizer.state.values():
+        yield from (v for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
+
+
+@torch.no_grad()
+def state_is_finite(engine, optimizer) -> bool:
+    """Whether every weight and optimizer-state tensor of every rank is finite (collective)."""
+    bad = any(not bool(torch.isfinite(t).all()) for t in _local_tensors(engine, optimizer))
+    return not _any_rank(bad)

@@ -1,0 +1,121 @@
+"""Optional packages: which settings need which package, the pip command, the import check."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from megatron.config.logging import LoggingConfig
+from megatron.config.tokenizer import TokenizerConfig
+from megatron.launcher.errors import LauncherError
+from megatron.launcher.optional_packages import (
+    OPTIONAL_PACKAGES,
+    MissingPackageError,
+    check_optional_packages,
+    is_installed,
+    missing_packages,
+)
+
+REQUIREMENTS = Path(__file__).resolve().parents[3] / "requirements"
+
+
+def groups(tokenizer_type="CharLevelTokenizer", **logging):
+    cfg = SimpleNamespace(
+        logging=LoggingConfig(**logging), tokenizer=TokenizerConfig(tokenizer_type=tokenizer_type)
+    )
+    return lambda name: getattr(cfg, name)
+
+
+@pytest.fixture
+def without(monkeypatch):
+    """Make the named modules unimportable for `find_spec`, as if never installed."""
+
+    def hide(*names):
+        for name in names:
+            monkeypatch.setitem(sys.modules, name, None)  # find_spec then answers None
+
+    return hide
+
+
+@pytest.mark.parametrize(
+    "script, settings, module, requirement, reason",
+    [
+        ("train.py", dict(tensorboard_dir="tb"), "tensorboard", "tensorboard>=2.15", "tb"),
+        ("train.py", dict(use_wandb=True), "wandb", "wandb>=0.17", "use_wandb: true"),
+        ("eval.py", {}, "lm_eval", "lm-eval[hf]==0.4.13", "lm-eval harness"),
+        (
+            "train.py",
+            dict(tokenizer_type="SPMTokenizer"),
+            "sentencepiece",
+            "sentencepiece>=0.2",
+            "SPMTokenizer",
+        ),
+        (
+            "generate.py",
+            dict(tokenizer_type="HFTokenizer"),
+            "tokenizers",
+            "tokenizers>=0.20",
+            "HFTokenizer",
+        ),
+    ],
+)
+def test_missing_package_is_refused_with_the_pip_command(
+    without, script, settings, module, requirement, reason
+):
+    without(module)
+    with pytest.raises(MissingPackageError) as caught:
+        check_optional_packages(f"some/dir/{script}", groups(**settings))
+    message = str(caught.value)
+    assert f"pip install {shlex.quote(requirement)}" in message
+    assert module in message and reason in message and "Nothing was launched" in message
+    assert isinstance(caught.value, LauncherError)  # deepy.py exits 2 on it
+
+
+def test_every_missing_package_in_one_command(without):
+    without("tensorboard", "wandb")
+    with pytest.raises(MissingPackageError, match=r"pip install 'tensorboard>=2.15' 'wandb>=0.17'"):
+        check_optional_packages("train.py", groups(tensorboard_dir="tb", use_wandb=True))
+
+
+@pytest.mark.parametrize(
+    "script, settings",
+    [
+        ("train.py", {}),  # no tensorboard_dir, no wandb, character tokenizer
+        ("generate.py", dict(tensorboard_dir="tb", use_wandb=True)),  # loggers: training only
+        ("eval.py", dict(tensorboard_dir="tb")),
+    ],
+)
+def test_packages_a_run_does_not_use_are_not_asked_for(without, script, settings):
+    without("tensorboard", "wandb", "sentencepiece", "tokenizers")
+    assert missing_packages(script, groups(**settings)) == []
+
+
+def test_installed_packages_pass():
+    check_optional_packages("train.py", groups("GPT2BPETokenizer", tensorboard_dir="tb"))
+
+
+def test_is_installed_sees_missing_and_blocked_modules(monkeypatch):
+    assert is_installed("json") and not is_installed("no_such_package_xyz")
+    monkeypatch.setitem(sys.modules, "json", None)  # blocked: import would fail
+    assert not is_installed("json")
+
+
+def _requirement_lines() -> set[str]:
+    lines = set()
+    for path in REQUIREMENTS.glob("requirements*.txt"):
+        for line in path.read_text().splitlines():
+            line = re.sub(r"#.*", "", line).strip()
+            if line and not line.startswith("-"):
+                lines.add(line)
+    return lines
+
+
+def test_the_pip_commands_install_what_requirements_pin():
+    lines = _requirement_lines()
+    for package in OPTIONAL_PACKAGES:
+        assert package.requirement in lines, f"{package.requirement} not in {REQUIREMENTS}"
