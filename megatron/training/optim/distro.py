@@ -34,6 +34,7 @@ import torch
 
 from megatron.checkpoint.safe_load import load_file
 from megatron.parallel.comm import all_gather_list
+from megatron.training.optim.closure import closure_loss, params_with_grads
 from megatron.training.optim.distro_dct import ChunkedDCT, index_dtype
 from megatron.training.optim.onebit_adam import pack_signs, unpack_signs
 
@@ -134,15 +135,11 @@ class Distro(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         sent = []  # (param, its group, idx, values) in parameter order, the same on every rank
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    sent.append((p, group, *self._extract(p, group)))
+            for p in params_with_grads(group):
+                sent.append((p, group, *self._extract(p, group)))
         if not sent:
             return loss
         local = torch.cat([b for p, _, idx, val in sent for b in self._wire(idx, val, p)])

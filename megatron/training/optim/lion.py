@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron.training.optim.closure import closure_loss, params_with_grads
+
 
 class Lion(torch.optim.Optimizer):
     """Sign-of-momentum optimizer with decoupled weight decay; one state tensor per param."""
@@ -24,16 +26,11 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params_with_grads(group):
                 state = self.state[p]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(p)

@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from megatron.training.optim.closure import closure_loss, params_with_grads
+
 
 class MADGRAD(torch.optim.Optimizer):
     """Momentumized, adaptive, dual-averaged gradient method; three state tensors per param."""
@@ -37,16 +39,11 @@ class MADGRAD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
             c = 1.0 - group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params_with_grads(group):
                 state = self.state[p]
                 if not state:
                     state["step"] = 0

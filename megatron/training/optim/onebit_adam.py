@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from megatron.parallel.comm import all_gather_list, group_size
+from megatron.training.optim.closure import closure_loss, params_with_grads
 
 _BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
@@ -111,16 +112,11 @@ class OneBitAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         compressing = self.frozen
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params_with_grads(group):
                 state = self.state[p]
                 if not state:
                     state["exp_avg"] = torch.zeros_like(p)

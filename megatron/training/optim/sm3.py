@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron.training.optim.closure import closure_loss, params_with_grads
+
 
 def _max_except(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Max of `t` over every dimension but `dim`, kept broadcastable (size 1 elsewhere)."""
@@ -58,15 +60,10 @@ class SM3(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, beta, mom = group["lr"], group["beta"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params_with_grads(group):
                 g = p.grad
                 state = self.state[p]
                 if not state:
