@@ -6,4 +6,5 @@ offline checkpoint tools, inference, the pre-flight). Imports only `megatron/mod
 | `folders`    | `global_step{N}` names, `latest`, completion markers, resume choice, pruning |
 | `safe_load`  | `torch.load` with weights only, and the refusal of an unsafe file           |
 | `experts`    | the expert-parallel files' names, saved size, and reading them back         |
+| `size`       | the bytes one checkpoint of a config takes (pre-flight and each save)       |
 """

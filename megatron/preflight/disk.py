@@ -1,6 +1,6 @@
 """Pre-flight check of `save`: writable, and room for a few checkpoints of this model.
 
-One checkpoint's size is `checkpoint_size(cfg)` (`megatron/model/checkpoint_size.py`: the
+One checkpoint's size is `checkpoint_size(cfg)` (`megatron/checkpoint/size.py`: the
 parameter count times the bytes of the weights, of the fp32 master copy and of the optimizer's
 states), the same estimate the run checks before each save. The free space is that of the file
 system `save` lives on. Below one checkpoint the launch is refused; below `checkpoints_wanted`
@@ -14,14 +14,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megatron.config import Config
-from megatron.config.resolve import is_training_script
-from megatron.model.checkpoint_size import (
+from megatron.checkpoint.size import (
     checkpoint_size,
     existing_ancestor,
     format_bytes,
     free_bytes_at,
 )
+from megatron.config import Config
+from megatron.config.resolve import is_training_script
 from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
 
 NAME = "save"

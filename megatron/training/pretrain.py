@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from megatron.checkpoint.size import checkpoint_size
 from megatron.launcher.worker import initialize_distributed
-from megatron.model.checkpoint_size import checkpoint_size
 from megatron.parallel.random import seed_everything
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.experts import ExpertCheckpoint

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from megatron.checkpoint.folders import COMPLETE, read_latest
+from megatron.checkpoint.size import checkpoint_size
 from megatron.checkpoint_tools import ModelSchema, write_checkpoint
 from megatron.model import ModelArgs
-from megatron.model.checkpoint_size import checkpoint_size
 from tests.distributed import free_port
 from tests.unit.training.tiny_run import resolve, tiny_settings
 

@@ -50,8 +50,8 @@ from megatron.checkpoint.folders import (
     write_latest,
 )
 from megatron.checkpoint.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
+from megatron.checkpoint.size import free_bytes_at
 from megatron.config.verbosity import quiet_deepspeed
-from megatron.model.checkpoint_size import free_bytes_at
 from megatron.training.checkpoint.disk_space import ensure_room, stop_on_failure
 from megatron.training.optim.distro import load_rank_state, save_rank_state
 

@@ -6,7 +6,7 @@
 
 A run that goes on training after its checkpoints failed loses everything since the last good
 one (a 7B run lost weeks to a full disk that way). So before each save rank 0 compares the free
-space under `save` with the size of one checkpoint (`megatron/model/checkpoint_size.py`, the
+space under `save` with the size of one checkpoint (`megatron/checkpoint/size.py`, the
 estimate `deepy.py`'s pre-flight uses too) and broadcasts it, and every rank raises
 `CheckpointSaveError` together. A save that fails anyway (ENOSPC, a file in the way, a quota)
 raises `CheckpointSaveError` on the rank it failed on, naming the folder and the space; that
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron.model.checkpoint_size import format_bytes
+from megatron.checkpoint.size import format_bytes
 from megatron.parallel.host_values import broadcast_host, world_group
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from megatron.checkpoint.folders import list_checkpoints, read_latest
+from megatron.checkpoint.size import OPTIMIZER_STATES, checkpoint_size, format_bytes
 from megatron.config import config_from_dict
-from megatron.model.checkpoint_size import OPTIMIZER_STATES, checkpoint_size, format_bytes
 from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.disk_space import CheckpointSaveError
