@@ -138,7 +138,9 @@ def test_reward_model_pipeline_matches_single_process():
                 assert (copies == copies[:1]).all(), "value head differs between tp ranks"
         seen = set()
         for result in per_rank:
-            assert result["metrics"] == pytest.approx(ref_metrics, rel=1e-5)
+            # The mean rewards sit near 0 (a sum of signed values): their rounding is absolute
+            # (~1e-8 here, on an AMD EPYC), so a purely relative tolerance of 1e-5 is too tight.
+            assert result["metrics"] == pytest.approx(ref_metrics, rel=1e-5, abs=1e-7)
             for name, grad in result["grads"].items():
                 assert_close(torch.from_numpy(grad), ref_grads[name], f"gradient of {name}")
                 seen.add(name)
