@@ -12,12 +12,10 @@ Nothing here imports torch at module load except the loaders, when called.
 
 from megatron.data.blendable_dataset import BlendableDataset, weights_by_num_docs
 from megatron.data.builders import (
-    DataSettings,
     build_datasets,
     build_train_valid_test_datasets,
     iters_for_epochs,
     num_samples_from_config,
-    parse_split,
     train_samples_per_epoch,
     train_valid_test_num_samples,
 )
@@ -26,13 +24,15 @@ from megatron.data.gpt_dataset import GPTDataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.indexed_format import IndexedDatasetError, best_fitting_dtype
 from megatron.data.indexed_writer import IndexedDatasetWriter
+from megatron.data.kinds import DATASET_KINDS, DatasetKind, parse_split
 from megatron.data.pairwise_dataset import PairwiseDataset
 from megatron.data.samplers import PretrainingSampler
 from megatron.data.tokenizers import Tokenizer, build_tokenizer, make_tokenizer, pad_vocab_size
 
 __all__ = [
     "BlendableDataset",
-    "DataSettings",
+    "DATASET_KINDS",
+    "DatasetKind",
     "GPTDataset",
     "IndexedDatasetError",
     "IndexedDatasetWriter",

@@ -34,10 +34,10 @@ def test_neox_values_load(write):
 
 
 def test_the_issue_spelling_gpt_reads_as_gpt2(write):
-    from megatron.data.builders import DataSettings
+    from megatron.data.kinds import kind_name
 
     cfg = _load(write, "dataset_impl: gpt\n")
-    assert DataSettings.from_config(cfg).dataset_impl == "gpt2"
+    assert kind_name(cfg.data) == "gpt2"
 
 
 @pytest.mark.parametrize(

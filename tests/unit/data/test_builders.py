@@ -1,4 +1,5 @@
-"""Train/valid/test datasets from config-like settings: split, explicit paths, blends."""
+"""Train/valid/test datasets from the `data` group and the run's values: split, explicit
+paths, blends."""
 
 from __future__ import annotations
 
@@ -7,21 +8,22 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from megatron.config.data import DataConfig
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.builders import (
     build_train_valid_test_datasets,
     num_samples_from_config,
-    parse_split,
     train_samples_per_epoch,
     train_valid_test_num_samples,
 )
+from megatron.data.kinds import parse_split
 from tests.unit.data.conftest import random_documents, write_dataset
 
 
 def _cfg(**data):
     return SimpleNamespace(
-        data=SimpleNamespace(**data),
-        model=SimpleNamespace(seq_length=8),
+        data=DataConfig(**data),
+        model=SimpleNamespace(seq_length=8, padded_vocab_size=None),
         training=SimpleNamespace(
             seed=1, train_iters=10, eval_interval=5, eval_iters=2, train_batch_size=4
         ),

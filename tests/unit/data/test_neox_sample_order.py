@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from megatron.config.data import DataConfig
 from megatron.data.builders import build_train_valid_test_datasets
 from tests.unit.data.conftest import write_dataset
 
@@ -141,10 +142,9 @@ def documents(n_docs, seed, max_len=40):
 
 
 def _cfg(**data):
-    data.setdefault("data_cache_path", None)
     return SimpleNamespace(
-        data=SimpleNamespace(**data),
-        model=SimpleNamespace(seq_length=SEQ),
+        data=DataConfig(**data),
+        model=SimpleNamespace(seq_length=SEQ, padded_vocab_size=None),
         training=SimpleNamespace(seed=SEED),
     )
 

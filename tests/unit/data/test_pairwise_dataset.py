@@ -3,11 +3,13 @@ reference log-probs, read through the builders as `train.py` reads them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from megatron.config.data import DataConfig
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.builders import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset
@@ -22,8 +24,8 @@ NEG = [[21, 22], [23, 24, 25, 26, 27], [28, 29, 30], [31, 32]]
 
 def _cfg(**data):
     return SimpleNamespace(
-        data=SimpleNamespace(data_impl="mmap", **data),
-        model=SimpleNamespace(seq_length=SEQ),
+        data=DataConfig(data_impl="mmap", **data),
+        model=SimpleNamespace(seq_length=SEQ, padded_vocab_size=None),
         training=SimpleNamespace(seed=5),
     )
 
@@ -132,7 +134,7 @@ def test_misaligned_pairs_are_refused_naming_both_files(tmp_path):
 
 def test_missing_reference_logprobs_name_the_expected_file(tmp_path):
     cfg = _pair_cfg(tmp_path)
-    cfg.data.precompute_model_name = "ref-model"
+    cfg.data = replace(cfg.data, precompute_model_name="ref-model")
     with pytest.raises(FileNotFoundError, match=r"pos_train_data_paths\[0\].*p_pos_ref-model"):
         build_train_valid_test_datasets(cfg, [4, 0, 0])
 
@@ -158,7 +160,7 @@ def test_gpt_samples_carry_rewards_and_reference_logprobs(tmp_path):
         assert s["reward"][:n].tolist() == rewards[d] and s["reward"][n + 1 :].sum() == 0
         assert np.allclose(s["ref"][:n], refs[d]) and (s["label"][n + 1 :] == -100).all()
     write_dataset(tmp_path / "short_reward", rewards[:2], dtype=np.float32)
-    cfg.data.train_reward_data_paths = [str(tmp_path / "short_reward")]
+    cfg.data = replace(cfg.data, train_reward_data_paths=[str(tmp_path / "short_reward")])
     with pytest.raises(ValueError, match=r"reward dataset .*short_reward does not match"):
         build_train_valid_test_datasets(cfg, [6, 0, 0])
 
