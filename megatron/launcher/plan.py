@@ -133,6 +133,12 @@ def plan_resources(
             hostfile_text = format_hostfile(pool)
     resources = apply_resource_filter(pool, settings.include, settings.exclude, source=source)
     resources = trim_resources(resources, settings.num_nodes, num_gpus, source=check_source)
+    if settings.launcher == "slurm" and _counted_devices(device_count) == 0:
+        # CPU ranks: DeepSpeed's SLURM runner turns --num_gpus into `srun --gpus-per-node`,
+        # which a CPU allocation refuses; the ranks per node travel as hostfile slots instead.
+        if hostfile is None and hostfile_text is None:
+            hostfile_text = format_hostfile({h: len(s) for h, s in resources.items()})
+        num_gpus = None
     node = read_node(settings, environ, len(resources), source) if settings.no_ssh else None
     forced = settings.force_multi or settings.launcher != "pdsh"
     return LaunchResources(
@@ -173,6 +179,10 @@ def _local_pool(
     slots = count or num_gpus or 1  # CPU ranks: as many as asked (the no_ssh hostfile says so)
     pool = OrderedDict((host, slots) for host in hosts)
     return pool, source, source if count > 0 else None, num_gpus
+
+
+def _counted_devices(device_count: int | None) -> int:
+    return local_device_count() if device_count is None else device_count
 
 
 def slurm_allocation_pool(

@@ -77,3 +77,34 @@ def test_verbosity_reaches_the_runner_and_the_workers(tmp_path, verbose, level):
     assert argv[argv.index("--log_level") + 1] == level
     tail = argv[argv.index("train.py") :]
     assert tail == ["train.py", "--megatron_config", "abc", *(["--verbose"] if verbose else [])]
+
+
+@pytest.mark.parametrize("environ", [dict(ALLOCATION, SLURM_GPUS_ON_NODE="0"), {"PATH": "/bin"}])
+def test_cpu_ranks_under_slurm_are_hostfile_slots_not_a_gpu_request(tmp_path, environ):
+    # DeepSpeed's SLURM runner turns --num_gpus into `srun --gpus-per-node`, which SLURM
+    # refuses on nodes without GPUs ("Invalid generic resource (gres) specification").
+    with prepare_launch(
+        {**SLURM, "num_gpus": 2},
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ=environ,
+        launch_dir=str(tmp_path),
+        device_count=0,
+    ) as plan:
+        assert "--num_gpus" not in plan.argv
+        with open(plan.argv[plan.argv.index("--hostfile") + 1]) as handle:
+            slots = handle.read().split()[1::2]
+    nodes = 3 if "SLURM_JOB_NODELIST" in environ else 1
+    assert slots == ["slots=2"] * nodes and plan.world_size == 2 * nodes
+
+
+def test_gpus_under_slurm_are_still_requested_per_node(tmp_path):
+    with prepare_launch(
+        {**SLURM, "num_gpus": 2},
+        "train.py",
+        ["--megatron_config", "abc"],
+        environ=ALLOCATION,
+        launch_dir=str(tmp_path),
+        device_count=4,
+    ) as plan:
+        assert plan.argv[plan.argv.index("--num_gpus") + 1] == "2"

@@ -153,7 +153,9 @@ def test_pdsh_force_multi_and_env_script(hostfile):
 
 
 def test_slurm_without_hostfile():
-    argv = argv_for(launcher="slurm", deepspeed_slurm=True, num_gpus=2, comment="run 7 'x'")
+    argv = argv_for(
+        device_count=2, launcher="slurm", deepspeed_slurm=True, num_gpus=2, comment="run 7 'x'"
+    )  # GPUs (CPU ranks under SLURM: test_launch.py)
     args = ds_args(argv)
     assert (args.launcher, args.force_multi, args.no_ssh_check) == ("slurm", True, True)
     assert shlex.split(args.launcher_args) == ["--comment=run 7 'x'"]
@@ -229,7 +231,7 @@ def test_mvapich_exports_master_itself(hostfile):
 
 def test_bad_launcher_args_quoting_names_the_key():
     with pytest.raises(LauncherError, match="launcher_args: .* not valid shell quoting"):
-        argv_for(launcher="slurm", launcher_args="--comment='open")
+        argv_for(device_count=1, launcher="slurm", launcher_args="--comment='open")
 
 
 def test_empty_script_is_rejected():
