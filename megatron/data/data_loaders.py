@@ -1,8 +1,23 @@
-"""Data loaders over the datasets: one iterator per split and rank."""
+"""Data loaders over the datasets: one iterator per split and rank.
+
+Loader worker processes ignore SIGTERM and SIGINT. A scheduler's stop signal (SLURM's
+`--signal`, `scancel --signal=TERM JOB.STEP`, a preemption) reaches every process of a job
+step, the loader workers included; the training process then finishes its step and saves a
+checkpoint (`megatron/training/loop/signals.py`), which needs its workers alive. A worker whose
+training process is gone still exits: torch's loader workers watch their parent.
+"""
 
 from __future__ import annotations
 
+import signal
+
 from megatron.data.samplers import PretrainingSampler
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """`worker_init_fn` of every loader: the stop signals are the training process's to act on."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def build_data_loader(
@@ -35,6 +50,7 @@ def build_data_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
     )
 
 

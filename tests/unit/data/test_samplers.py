@@ -60,3 +60,35 @@ def test_data_iterator_batches():
     assert batch["text"].dtype == torch.int64 and batch["text"].shape == (2, 5)
     assert batch["text"][:, 0].tolist() == [6, 7]
     assert build_data_iterator(None, 0, 2, 0, 1) is None
+
+
+class _Numbers:
+    """A map-style dataset of `{"text": [i, i]}`, picklable for loader workers."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"text": np.array([i, i], dtype=np.int64)}
+
+
+def test_loader_workers_outlive_a_stop_signal_sent_to_the_whole_job_step():
+    # `scancel --signal=TERM JOB.STEP` (and SLURM's --signal before a time limit) signals every
+    # process of the step: the loader workers must survive it while the rank saves.
+    import os
+    import signal
+    import time
+
+    from megatron.data.data_loaders import build_data_loader
+
+    loader = build_data_loader(_Numbers(), 0, 2, 0, 1, num_workers=2)
+    batches = iter(loader)
+    # one batch from each worker (round robin): both have started, init function included
+    seen = [next(batches)["text"][:, 0].tolist() for _ in range(2)]
+    for worker in batches._workers:
+        os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert all(worker.is_alive() for worker in batches._workers)
+    seen += [next(batches)["text"][:, 0].tolist() for _ in range(2)]
+    assert seen == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    del batches
