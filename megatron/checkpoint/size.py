@@ -14,7 +14,8 @@ optimizer part is split between files, not its total):
 - a 4-byte master copy when the weights are 16-bit (FP16_UnfusedOptimizer's `fp32_groups`,
   BF16_Optimizer's and ZeRO's fp32 partitions), and with ZeRO 1-3 also in fp32 (ZeRO keeps its
   fp32 partition as a tensor of its own);
-- the optimizer's per-parameter states, 4 bytes each (`OPTIMIZER_STATES`);
+- the optimizer's per-parameter states, 4 bytes each
+  (`megatron/config/optimizer.py::OptimizerType.saved_states`);
 - neither of the last two with `no_save_optim`.
 
 Parameters are `count_parameters` (tied weights once). Not counted: the trainer state, RNG
@@ -25,38 +26,14 @@ accumulators (a row and a column per matrix).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.model.counting import count_parameters
 
 FP32_BYTES = 4
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-def _adam(params: dict, dp: int) -> int:
-    return 3 if params.get("amsgrad") else 2  # exp_avg, exp_avg_sq (+ max_exp_avg_sq)
-
-
-def _momentum(params: dict, dp: int) -> int:
-    return 1 if params.get("momentum") else 0  # momentum_buffer only with momentum
-
-
-OPTIMIZER_STATES: dict[str, Callable[[dict, int], int]] = {
-    "Adam": _adam,
-    "AdamW": _adam,
-    "CPU_Adam": _adam,
-    "CPU_torch_adam": _adam,
-    "OneBitAdam": lambda params, dp: 4,  # exp_avg, exp_avg_sq, worker and server error
-    "Lion": lambda params, dp: 1,  # exp_avg
-    "SGD": _momentum,
-    "SM3": _momentum,
-    "madgrad_wd": lambda params, dp: 3,  # s, grad_sum_sq, x0
-    "Distro": lambda params, dp: dp,  # each data-parallel rank saves its own momentum
-}
-"""fp32 tensors of a parameter's size that each `optimizer.type` saves, from `optimizer.params`
-and the data-parallel size."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +60,7 @@ def checkpoint_size(cfg) -> CheckpointSize:
     master = n * FP32_BYTES if dtype != "fp32" or zero >= 1 else 0
     o = cfg.optimizer
     dp = cfg.parallel.data_parallel_size
-    states = OPTIMIZER_STATES[o.optimizer_type](o.optimizer_params or {}, dp)
+    states = OPTIMIZER_TYPES[o.optimizer_type].saved_states(o.optimizer_params or {}, dp)
     return CheckpointSize(n, weights, master, n * FP32_BYTES * states)
 
 

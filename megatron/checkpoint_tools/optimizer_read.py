@@ -13,8 +13,9 @@ ZeRO stages 1-3 keep the state in flat partitions over the data-parallel ranks;
 `zero_state.py` cuts them back into parameters (fp32 runs). Other cases keep their state in
 forms tied to the old layout, and `read_optimizer_state` returns the reason instead, naming
 the optimizer: the fp16/bf16 optimizer wrappers (flat fp32 master groups) and optimizers
-whose state is not elementwise (`MOVABLE` lists those that are: SM3's per-dimension
-accumulators, 1-bit Adam's error feedback and DisTrO's per-rank momenta are not).
+whose state is not elementwise (`OptimizerType.whole_parameter` in
+`megatron/config/optimizer.py::OPTIMIZER_TYPES`: SM3's per-dimension accumulators, 1-bit Adam's
+error feedback and DisTrO's per-rank momenta).
 """
 
 from __future__ import annotations
@@ -28,10 +29,7 @@ from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.checkpoint_tools.stages import optimizer_parameter_names, stage_bounds
 from megatron.checkpoint_tools.universal import UNIVERSAL_STAGES
 from megatron.checkpoint_tools.zero_state import read_zero_optimizer_state
-
-# Optimizer types (`megatron/training/optim/optimizers.py::OPTIMIZERS`) whose state is tensors
-# shaped like each parameter plus scalars (step counts): split and merged like the weights.
-MOVABLE = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam", "Lion", "SGD", "madgrad_wd")
+from megatron.config.optimizer import OPTIMIZER_TYPES
 
 
 def _zero_stage(cfg) -> int:
@@ -42,10 +40,13 @@ def unmovable_reason(cfg, zero_stage: int = 0) -> str:
     """Why the optimizer state of a run with `cfg` cannot change layout for a run with ZeRO
     `zero_stage` ("" when it can)."""
     name = cfg.optimizer.optimizer_type
-    if name not in MOVABLE:
+    if name not in OPTIMIZER_TYPES or OPTIMIZER_TYPES[name].whole_parameter:
+        # Element-wise optimizers keep tensors shaped like each parameter plus scalars (step
+        # counts): those are split and merged like the weights.
+        movable = sorted(n for n, o in OPTIMIZER_TYPES.items() if not o.whole_parameter)
         return (
             f"optimizer '{name}' keeps state that is not elementwise per parameter (those "
-            f"that can move: {', '.join(MOVABLE)})"
+            f"that can move: {', '.join(movable)})"
         )
     precision, source = cfg.precision.dtype, _zero_stage(cfg)
     if source > 0 and precision != "fp32":

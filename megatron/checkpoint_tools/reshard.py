@@ -7,7 +7,7 @@ Model weights always move (merged to full tensors, split for the target ranks). 
 state moves with them, element for element, from any ZeRO stage: without ZeRO from the torch
 optimizer state in the `mp_rank` files (`optimizer_state.py`), with ZeRO 1-3 from DeepSpeed's
 flat data-parallel partitions (`zero_state.py`), for the elementwise optimizers
-(`optimizer_read.MOVABLE`: Adam moments and step counts, SGD momentum, Lion, ...). For any
+(`optimizer_read.unmovable_reason`: Adam moments and step counts, SGD momentum, Lion, ...). For any
 other optimizer, or fp16/bf16 with ZeRO, the result says it was dropped and why, naming the
 optimizer, and the run resuming from it must set `no_load_optim: true`. Iteration, consumed
 samples, LR schedule and the skipped-step counters carry over, so a resumed run continues

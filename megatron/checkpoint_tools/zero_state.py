@@ -130,7 +130,7 @@ def _stage3(files: list[dict], shapes: list[dict]) -> tuple[dict, list]:
 
 def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
     """`(state, "")` of a ZeRO 1-3 checkpoint of an elementwise optimizer
-    (`optimizer_read.MOVABLE`, checked by the caller)."""
+    (`optimizer_read.unmovable_reason`, checked by the caller)."""
     folder, layout, schema = reader.folder, reader.layout, reader.schema
     files = optim_files(folder)
     mp_ranks = layout.tp * layout.stages

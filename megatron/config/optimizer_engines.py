@@ -18,7 +18,8 @@ steps over:
 we never build. (2) BF16_Optimizer for bf16 with fp32 gradient accumulation at stage 1, also
 flat. (3) The pipeline engine takes ZeRO stages 0 and 1 only (`validate.validate_parallel`).
 
-An optimizer in `PER_PARAMETER_OPTIMIZERS` silently becomes a different optimizer on flat
+An optimizer whose update needs whole parameters (`OptimizerType.whole_parameter` in
+`megatron/config/optimizer.py::OPTIMIZER_TYPES`) silently becomes a different optimizer on flat
 partitions, so a config combining it with a flattening wrapper is refused at resolution.
 Element-wise optimizers (Adam, AdamW, Lion, SGD, MADGRAD) are the same either way.
 """
@@ -26,21 +27,9 @@ Element-wise optimizers (Adam, AdamW, Lion, SGD, MADGRAD) are the same either wa
 from __future__ import annotations
 
 from megatron.config.config import Config
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
-
-PER_PARAMETER_OPTIMIZERS = {
-    "SM3": "keeps one accumulator per dimension of each parameter (a row and a column vector "
-    "for a matrix); on a flat partition it degenerates into element-wise Adagrad",
-    "OneBitAdam": "compresses each parameter's momentum with one scale per tensor and averages "
-    "it over data-parallel ranks that must hold the same tensors; a flat partition mixes "
-    "parameters and differs from rank to rank",
-    "Distro": "keeps one momentum per data-parallel rank and compresses it by DCT over chunks "
-    "of each parameter's rows and columns; ZeRO partitions exactly that state across the "
-    "ranks, and a flat partition has no rows and columns",
-}
-"""Optimizer types whose update depends on each parameter's shape or on the tensor as a whole,
-with the reason (part of the refusal message)."""
 
 
 def flattening_wrapper(cfg: Config) -> str | None:
@@ -116,13 +105,12 @@ def validate_optimizer_engine(cfg: Config, sources: dict[str, str]) -> None:
     """Refuse a per-parameter optimizer with a wrapper that flattens the parameters."""
     validate_distro(cfg, sources)
     opt = cfg.optimizer.optimizer_type
-    combination = flattening_wrapper(cfg)
-    if opt not in PER_PARAMETER_OPTIMIZERS or combination is None:
+    combination, why = flattening_wrapper(cfg), OPTIMIZER_TYPES[opt].whole_parameter
+    if not why or combination is None:
         return
     where = _src(sources, "optimizer", "zero_optimization", "pipe_parallel_size", "precision")
     raise ConfigError(
-        f"optimizer {opt} cannot run with {combination}{where}: {opt} "
-        f"{PER_PARAMETER_OPTIMIZERS[opt]}. Use zero_optimization stage 0 (with bf16 also "
-        "pipe_parallel_size: 0, the plain engine), or an element-wise optimizer such as "
-        "Adam, Lion or SGD"
+        f"optimizer {opt} cannot run with {combination}{where}: {opt} {why}. Use "
+        "zero_optimization stage 0 (with bf16 also pipe_parallel_size: 0, the plain engine), "
+        "or an element-wise optimizer such as Adam, Lion or SGD"
     )

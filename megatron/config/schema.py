@@ -3,7 +3,9 @@
 Each config group is a frozen dataclass whose fields carry a docstring written directly under
 them (as in the source of `megatron/config/model.py`). Python drops those strings at run time,
 so `field_docs` reads them back from the source with `ast`; `--describe` and
-`configs/README.md` are both generated from them.
+`configs/README.md` are both generated from them. A field declared with `documented` gets
+text written from a table appended (the optimizer types of `optimizer.py`), so a docstring
+never repeats a list the code keeps.
 
 `coerce(key, value, annotation)` checks one value from a config file against a field's
 annotation and returns it normalised (numeric strings such as `6e-4` that YAML 1.1 reads as
@@ -147,6 +149,9 @@ def field_docs(cls: type) -> dict[str, str]:
             and isinstance(following.value.value, str)
         ):
             docs[node.target.id] = inspect.cleandoc(following.value.value)
+    for f in dataclasses.fields(cls):
+        if more := f.metadata.get("doc_more"):
+            docs[f.name] = f"{docs.get(f.name, '')}\n{textwrap.fill(more, 92)}".strip()
     return docs
 
 
@@ -160,6 +165,12 @@ def field_types(cls: type) -> dict[str, Any]:
 def is_derived(cls: type, name: str) -> bool:
     """Derived fields are computed by resolution and never read from a config file."""
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("derived", False)
+
+
+def documented(default: Any, more: str) -> Any:
+    """Declare a field whose docstring ends with `more`: text written from a table (the valid
+    values, say), so the docstring does not list them a second time."""
+    return dataclasses.field(default=default, metadata={"doc_more": more})
 
 
 def derived(default: Any = None) -> Any:

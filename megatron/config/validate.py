@@ -7,6 +7,7 @@ from megatron.config.config import Config
 from megatron.config.logging import validate_profiling
 from megatron.config.lr import check_cycle_keys
 from megatron.config.moe import validate_moe
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.config.optimizer_engines import validate_optimizer_engine
 from megatron.config.parallel import validate_hpz
 from megatron.config.post_training import validate_post_training
@@ -15,9 +16,6 @@ from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
 from megatron.config.torch_compile import validate_torch_compile
 from megatron.config.validate_data import validate_data
-
-# Optimizers DeepSpeed's ZeRO accepts without `zero_allow_untested_optimizer`.
-ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "CPU_Adam", "CPU_torch_adam")
 
 
 def _validate_attention_variants(m, sources: dict[str, str]) -> None:
@@ -132,12 +130,13 @@ def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:
             f"no_save_optim with ZeRO stage 3{_src(sources, 'no_save_optim')} would save no "
             "weights (they live in the partitioned optimizer files); set no_save_optim: false"
         )
-    untested = opt not in ZERO_TESTED_OPTIMIZERS and not p.zero_allow_untested_optimizer
+    untested = not OPTIMIZER_TYPES[opt].zero_tested and not p.zero_allow_untested_optimizer
     if p.zero_stage > 0 and untested:
+        tested = sorted(name for name, o in OPTIMIZER_TYPES.items() if o.zero_tested)
         raise ConfigError(
             f"optimizer {opt} with ZeRO stage {p.zero_stage}{_src(sources, 'optimizer')}: "
             "DeepSpeed has not tested this combination; set zero_allow_untested_optimizer: true "
-            f"to allow it (tested: {', '.join(ZERO_TESTED_OPTIMIZERS)})"
+            f"to allow it (tested: {', '.join(tested)})"
         )
 
 

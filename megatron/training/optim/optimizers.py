@@ -1,8 +1,9 @@
 """Build the optimizer of a run from `cfg.optimizer`.
 
-Each `optimizer.type` has one builder class in `OPTIMIZERS`. Weight decay is decoupled where
-the optimizer supports it and applies only to parameters of two or more dimensions: biases,
-norm weights and other vectors are never decayed (`param_groups`).
+Each `optimizer.type` has one builder class in `OPTIMIZERS` (the facts of each type:
+`megatron/config/optimizer.py::OPTIMIZER_TYPES`, whose names a test keeps equal). Weight decay
+is decoupled where the optimizer supports it and applies only to parameters of two or more
+dimensions: biases, norm weights and other vectors are never decayed (`param_groups`).
 
 `OneBitAdam` is our own (`megatron/training/optim/onebit_adam.py`): DeepSpeed 0.19 no longer
 ships it. After `deepspeed.initialize`, call `optimizer.attach_engine(engine, dp_group)` so it
@@ -21,9 +22,13 @@ from typing import Any
 
 import torch
 
-from megatron.config.optimizer_engines import PER_PARAMETER_OPTIMIZERS
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.model.param_groups import param_groups
-from megatron.training.optim import MADGRAD, SM3, Distro, Lion, OneBitAdam
+from megatron.training.optim.distro import Distro
+from megatron.training.optim.lion import Lion
+from megatron.training.optim.madgrad import MADGRAD
+from megatron.training.optim.onebit_adam import OneBitAdam
+from megatron.training.optim.sm3 import SM3
 from megatron.training.step.moe_grads import expert_param_groups
 
 
@@ -138,13 +143,15 @@ def build_optimizer_from_config(cfg, model: torch.nn.Module):
 
 def check_parameter_shapes(optimizer_type: str, optimizer, model: torch.nn.Module) -> None:
     """After `deepspeed.initialize`: an optimizer that needs whole parameters
-    (`PER_PARAMETER_OPTIMIZERS`) must step over tensors shaped like the model's parameters.
+    (`OptimizerType.whole_parameter`) must step over tensors shaped like the model's
+    parameters.
 
     DeepSpeed swaps the optimizer's parameters for its own tensors (fp32 copies, or flat
     partitions); resolution refuses the flattening combinations, and this catches any other
     (a DeepSpeed upgrade, a pass-through setting) before the first step.
     """
-    if optimizer_type not in PER_PARAMETER_OPTIMIZERS:
+    why = OPTIMIZER_TYPES[optimizer_type].whole_parameter
+    if not why:
         return
     stepped = sorted(tuple(p.shape) for g in optimizer.param_groups for p in g["params"])
     expected = sorted(
@@ -154,6 +161,6 @@ def check_parameter_shapes(optimizer_type: str, optimizer, model: torch.nn.Modul
         raise RuntimeError(
             f"optimizer {optimizer_type} would step over tensors of shapes {stepped[:4]}... "
             f"instead of the model's parameters {expected[:4]}...: DeepSpeed flattened them "
-            f"and {optimizer_type} {PER_PARAMETER_OPTIMIZERS[optimizer_type]}. Use ZeRO stage "
+            f"and {optimizer_type} {why}. Use ZeRO stage "
             "0 (with bf16 the plain engine, pipe_parallel_size: 0) or another optimizer"
         )

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from megatron.config.optimizer import OPTIMIZER_TYPES
 from megatron.model.param_groups import param_groups
 from megatron.training.optim import MADGRAD, SM3, Lion, OneBitAdam
 from megatron.training.optim.optimizers import (
@@ -60,6 +61,19 @@ def test_each_optimizer_decreases_the_loss(kind):
         opt.step()
     assert _loss(model, x, y).item() < 0.5 * first
     assert set(OPTIMIZERS) == set(TRAINABLE)
+
+
+def test_every_type_of_the_config_table_has_one_builder():
+    assert set(OPTIMIZERS) == set(OPTIMIZER_TYPES)
+
+
+def test_zero_tested_types_are_those_deepspeed_lists():
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    for kind, facts in OPTIMIZER_TYPES.items():
+        weight = torch.nn.Parameter(torch.zeros(4))
+        opt = build_optimizer([{"params": [weight]}], kind, 1e-3, 0.0, PARAMS.get(kind))
+        assert (type(opt) in ZERO_SUPPORTED_OPTIMIZERS) == facts.zero_tested, kind
 
 
 def test_no_weight_decay_on_biases_and_norms():
