@@ -38,7 +38,8 @@ SAVE_KINDS = ("step", "permanent", "temporary")
 # DeepSpeed's universal checkpoint (`megatron/checkpoint_tools/universal.py`): a folder with
 # this file is restored through DeepSpeed's `load_universal` path.
 UNIVERSAL_STATE = "zero/optimizer_state.pt"
-_TAG = re.compile(r"^global_step(\d+)$")
+TAG = re.compile(r"^global_step(\d+)$")
+"""A checkpoint folder's name (`tag_for` a step); group: the iteration."""
 _TEMPORARY_TAG = re.compile(r"^global_step(\d+)_temporary$")
 
 
@@ -80,7 +81,7 @@ def list_checkpoints(save_dir: str | Path, complete_only: bool = False) -> list[
     protected = _latest_tag(save_dir)
     found = []
     for path in Path(save_dir).iterdir() if Path(save_dir).is_dir() else ():
-        match = _TAG.match(path.name)
+        match = TAG.match(path.name)
         if not (match and path.is_dir()):
             continue
         if complete_only and not ((path / COMPLETE).is_file() or path.name == protected):

@@ -13,40 +13,29 @@ in DeepSpeed's layout, which depends on the engine:
 Beside them, `mp_rank_{m:02d}_model_states.pt` (one per model-parallel rank `m = stage * tp +
 t`) holds DeepSpeed's engine state and, without ZeRO, the optimizer state; with ZeRO it is in
 `zero_pp_rank_{d}_mp_rank_{m:02d}_optim_states.pt`. The tensor- and pipeline-parallel sizes
-are read from the file names, so they are right even when the config was edited since.
+are read from the file names (`megatron/checkpoint/deepspeed_files.py`), so they are right even
+when the config was edited since.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron.checkpoint.deepspeed_files import LAYER_FILE, MP_RANK_FILE, ZERO_MODEL_FILE
 from megatron.checkpoint.folders import (  # noqa: F401 (COMPLETE, resume_tag: re-exported)
     COMPLETE,
     CONFIG_FILE,
     LATEST,
+    TAG,
     TRAINER_STATE,
     read_latest,
     resume_tag,
 )
 
-LAYER_FILE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_RANK_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-ZERO3_MODEL_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-TAG = re.compile(r"^global_step(\d+)$")
-
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be read, with what is wrong and what would be valid."""
-
-
-def layer_file(layer: int, tp_rank: int) -> str:
-    return f"layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt"
-
-
-def mp_rank_file(mp_rank: int) -> str:
-    return f"mp_rank_{mp_rank:02d}_model_states.pt"
 
 
 def locate(path: str | Path) -> Path:
@@ -62,7 +51,7 @@ def locate(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint '{path}' is a file, not a checkpoint folder")
     if (path / LATEST).is_file():
         return path / read_latest(path)
-    if any(MP_RANK_FILE.match(f.name) or ZERO3_MODEL_FILE.match(f.name) for f in path.iterdir()):
+    if any(MP_RANK_FILE.match(f.name) or ZERO_MODEL_FILE.match(f.name) for f in path.iterdir()):
         return path
     steps = sorted(p.name for p in path.iterdir() if TAG.match(p.name))
     hint = f"; it holds {', '.join(steps)} (pass one of them)" if steps else ""
@@ -118,7 +107,7 @@ def read_layout(path: str | Path) -> CheckpointLayout:
     names = [f.name for f in folder.iterdir()]
     layer_ranks = {int(m.group(2)) for n in names if (m := LAYER_FILE.match(n))}
     mp_ranks = {int(m.group(1)) for n in names if (m := MP_RANK_FILE.match(n))}
-    zero3 = {int(m.group(2)) for n in names if (m := ZERO3_MODEL_FILE.match(n))}
+    zero3 = {int(m.group(2)) for n in names if (m := ZERO_MODEL_FILE.match(n))}
     if layer_ranks:
         tp = len(layer_ranks)
         if not mp_ranks or len(mp_ranks) % tp:

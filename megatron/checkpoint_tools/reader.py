@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.deepspeed_files import layer_file, mp_rank_file, zero_model_file
 from megatron.checkpoint.experts import (
     expert_slices,
     merge_expert_slices,
@@ -30,14 +31,10 @@ from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loadi
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
     CheckpointLayout,
-    layer_file,
-    mp_rank_file,
     read_layout,
 )
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
-
-ZERO3_RANK0_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 
 
 def load_saved_config(layout: CheckpointLayout):
@@ -97,7 +94,7 @@ class CheckpointReader:
         """DeepSpeed's bookkeeping of rank 0 (scheduler, sample counts, its config), without
         the module and optimizer tensors."""
         if self.layout.zero3:
-            state = _load(self.folder / ZERO3_RANK0_FILE)
+            state = _load(self.folder / zero_model_file(0))
         else:
             state = self.mp_rank_state(0)
         state.pop("module", None)

@@ -30,7 +30,7 @@ Limits (DeepSpeed 0.19.8; `universal_target_problem`): ZeRO 1 and 2 engines rest
 any layout. The ZeRO-3 loader keeps the full tensor (no tensor-parallel chunk without
 DeepSpeed's AutoTP marks), so ZeRO 3 only at tp 1; it reads only Adam's `fp32`, `exp_avg`,
 `exp_avg_sq` (other optimizers refused), the step from `optimizer_state_dict` and the engine
-state from `zero_pp_rank_0_mp_rank_00_model_states.pt` (both written here for it); it gives
+state from rank 0's ZeRO-3 model-states file (both written here for it); it gives
 every parameter group the first group's hyperparameters and every sub-group one shared step
 tensor, which `CheckpointIO.load` undoes right after. A ZeRO-0 engine restores nothing from
 it. One `optimizer_state.pt` serves every pipeline stage, so every stage must have the same
@@ -45,8 +45,9 @@ from pathlib import Path
 import deepspeed
 import torch
 
+from megatron.checkpoint.deepspeed_files import mp_rank_file, zero_model_file
 from megatron.checkpoint.folders import UNIVERSAL_STATE
-from megatron.checkpoint_tools.layout import CheckpointError, mp_rank_file
+from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import StageModule, stage_bounds
@@ -54,8 +55,6 @@ from megatron.checkpoint_tools.stages import StageModule, stage_bounds
 UNIVERSAL_STAGES = (1, 2)
 """ZeRO stages whose partitions hold fp32 master weights in `single_partition_of_fp32_groups`
 and whose DeepSpeed optimizer restores a universal checkpoint of any of our layouts."""
-ZERO3_MODEL_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
-"""The engine-state file DeepSpeed's ZeRO-3 universal load reads (tp 1)."""
 ADAM_STATES = {"exp_avg", "exp_avg_sq", "step"}
 
 
@@ -181,7 +180,7 @@ def write_universal_state(
 
 def _check_zero3(folder: Path, optimizer: FullOptimizerState) -> None:
     """DeepSpeed's ZeRO-3 universal loader reads `fp32`, `exp_avg` and `exp_avg_sq` only, and
-    the engine state from `ZERO3_MODEL_FILE`."""
+    the engine state from rank 0's ZeRO-3 model-states file (tp 1: model-parallel rank 0)."""
     for name, state in optimizer.per_param.items():
         if set(state) != ADAM_STATES:
             raise CheckpointError(
@@ -189,7 +188,7 @@ def _check_zero3(folder: Path, optimizer: FullOptimizerState) -> None:
                 f"universal loader restores Adam's {sorted(ADAM_STATES)} only (convert with "
                 "--zero-stage 0, 1 or 2)"
             )
-    shutil.copyfile(Path(folder) / mp_rank_file(0), Path(folder) / ZERO3_MODEL_FILE)
+    shutil.copyfile(Path(folder) / mp_rank_file(0), Path(folder) / zero_model_file(0))
 
 
 def universal_files(reader, schema, weights, optimizer, tp: int, pp: int, zero_stage: int):

@@ -27,6 +27,7 @@ from pathlib import Path
 import deepspeed
 import torch
 
+from megatron.checkpoint.deepspeed_files import layer_file, mp_rank_file
 from megatron.checkpoint.folders import (
     CONFIG_FILE,
     TRAINER_STATE,
@@ -40,7 +41,7 @@ from megatron.checkpoint_tools.experts import (
     optimizer_slice,
     rank_slice,
 )
-from megatron.checkpoint_tools.layout import CheckpointError, layer_file, mp_rank_file
+from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
 

@@ -26,23 +26,21 @@ re-splits (`optimizer_state.py`).
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import torch
 
+from megatron.checkpoint.deepspeed_files import ZERO_OPTIM_FILE, mp_rank_file, zero_model_file
 from megatron.checkpoint.safe_load import load_file
 from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
-
-OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 
 
 def optim_files(folder: Path) -> dict[int, list[Path]]:
     """`{mp rank: [file of dp rank 0, 1, ...]}`."""
     found: dict[int, dict[int, Path]] = {}
     for path in folder.iterdir():
-        if match := OPTIM_FILE.match(path.name):
+        if match := ZERO_OPTIM_FILE.match(path.name):
             found.setdefault(int(match.group(2)), {})[int(match.group(1))] = path
     out = {}
     for mp, by_dp in found.items():
@@ -57,11 +55,7 @@ def optim_files(folder: Path) -> dict[int, list[Path]]:
 
 def param_shapes(folder: Path, mp: int, stage: int) -> list[dict]:
     """DeepSpeed's `param_shapes` (one ordered {name: shape} per group) of rank `mp`."""
-    name = (
-        f"zero_pp_rank_0_mp_rank_{mp:02d}_model_states.pt"
-        if stage == 3
-        else f"mp_rank_{mp:02d}_model_states.pt"
-    )
+    name = zero_model_file(mp) if stage == 3 else mp_rank_file(mp)
     shapes = load_file(folder / name).get("param_shapes")
     if not shapes:
         raise CheckpointError(f"'{folder / name}' has no param_shapes; it is not a ZeRO save")

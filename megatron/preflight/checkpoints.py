@@ -28,9 +28,9 @@ universal layout, restored at any data-parallel size (`megatron/checkpoint_tools
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
+from megatron.checkpoint.deepspeed_files import ZERO_OPTIM_FILE
 from megatron.checkpoint_tools.experts import saved_expert_parallel_size
 from megatron.checkpoint_tools.layout import (
     COMPLETE,
@@ -56,7 +56,6 @@ from megatron.model.hf_config import NEUTRAL
 from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
 
 NAME = "load"
-_ZERO_RANK0 = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_00_optim_states\.pt$")
 # The config key a `ModelArgs` field is set by, where the names differ.
 CONFIG_KEY = {field: key for key, field in CONFIG_ONLY.items()}
 # Model fields that are a parallel layout: the layout rule judges them (generation reads any).
@@ -110,7 +109,8 @@ def shape_differences(saved: ModelArgs, wanted: ModelArgs, *, vocab: bool = True
 def _zero_dp(folder: Path) -> int:
     """Data-parallel ranks of a ZeRO 1-3 save (its partition files of model-parallel rank 0),
     0 when it has none (ZeRO stage 0: DeepSpeed loads it at any data-parallel size)."""
-    return sum(1 for f in folder.iterdir() if _ZERO_RANK0.match(f.name))
+    found = (ZERO_OPTIM_FILE.match(f.name) for f in folder.iterdir())
+    return sum(1 for m in found if m and int(m.group(2)) == 0)
 
 
 def _expert_parallel(layout, cfg: Config) -> tuple[int, int] | None:

@@ -4,9 +4,21 @@ wrong."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from megatron.checkpoint.deepspeed_files import (
+    LAYER_FILE,
+    MP_RANK_FILE,
+    ZERO_MODEL_FILE,
+    ZERO_OPTIM_FILE,
+    layer_file,
+    mp_rank_file,
+    zero_model_file,
+)
 from megatron.checkpoint_tools import (
     CheckpointError,
     CheckpointReader,
@@ -140,3 +152,33 @@ def test_optimizer_numbering_puts_matrices_first_in_module_order(model_state):
     last = optimizer_parameter_names(schema, bounds, 1)
     assert "7.final_linear.weight" in last and last[-1].startswith("6.norm.")
     assert sorted(first + last) == sorted(schema.params)
+
+
+def test_file_names_are_those_deepspeed_writes():
+    from deepspeed.runtime.engine import DeepSpeedEngine as Engine
+    from deepspeed.runtime.pipe.module import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    def engine(zero3: bool):  # what DeepSpeed's naming methods read of the engine
+        e = SimpleNamespace(zero_optimization_partition_weights=lambda: zero3)
+        e.checkpoint_mp_rank = 3
+        e._get_zero_ckpt_prefix = lambda dp, bf16_mode: Engine._get_zero_ckpt_prefix(
+            e, dp, bf16_mode
+        )
+        return e
+
+    def name(path) -> str:
+        return Path(path).name
+
+    assert name(Engine._get_ckpt_name(engine(False), "save", "tag")) == mp_rank_file(3)
+    zero3 = Engine._get_ckpt_name(engine(True), "save", "tag", pp_placeholder=2)
+    assert name(zero3) == zero_model_file(3, dp_rank=2)
+    for bf16 in (False, True):
+        optim = name(Engine._get_rank_zero_ckpt_name(engine(True), "save", "tag", 3, 2, bf16))
+        assert ZERO_OPTIM_FILE.match(optim).groups() == ("2", "03")
+    topology = PipeModelDataParallelTopology(num_pp=1, num_mp=4, num_dp=1)
+    stage = SimpleNamespace(_local_start=5, _grid=SimpleNamespace(_topo=topology), global_rank=3)
+    assert name(PipelineModule.ckpt_layer_path(stage, "folder", 2)) == layer_file(7, 3)
+    assert LAYER_FILE.match(layer_file(7, 3)).groups() == ("07", "03")
+    assert MP_RANK_FILE.match(mp_rank_file(3)).groups() == ("03",)
+    assert ZERO_MODEL_FILE.match(zero_model_file(3, 2)).groups() == ("2", "03")
