@@ -1,4 +1,4 @@
-"""What a user error is, and how a worker entry point stops on one.
+"""What a user error is, and how a worker entry point or a command-line tool stops on one.
 
 A user error is a mistake in what the person gave us (a config value, a data file, a
 checkpoint, a tokenizer, a combination the code refuses), as opposed to a bug in our code.
@@ -11,24 +11,26 @@ file, key or value; `is_user_error` is the one definition:
 * one of `USER_SITUATIONS`: the run stopping for a reason in the person's world that its
   message says in full, not a bug (a diverged run, `TooManySkippedSteps`; a full disk or a
   file in the way of a checkpoint, `CheckpointSaveError`), or
-* a `ValueError` or `OSError` raised by a `raise` statement of the `megatron` package (a
-  `raise ValueError(...)` naming a refused combination, a `raise FileNotFoundError(...)`
-  naming a missing data file). The same class raised by Python itself inside our code (an
-  unpacking of the wrong length) or by a library is a bug, and keeps its traceback.
+* a `ValueError` or `OSError` raised by a `raise` statement of our code, the `megatron`
+  package or the command-line tools in `tools/` (a `raise ValueError(...)` naming a refused
+  combination, a `raise FileNotFoundError(...)` naming a missing data file). The same class
+  raised by Python itself inside our code (an unpacking of the wrong length) or by a library
+  is a bug, and keeps its traceback.
 
 A user error ends with its message alone (its traceback goes to the launch's errors folder,
 printed with `--verbose`); only a bug shows a traceback by default.
 
 `run_worker(main)` wraps the `main` of `train.py`, `generate.py` and `eval.py` (see
-megatron/launcher/failures.py for where the record goes and what `deepy.py` prints).
-This module is outside the rooms (it reads classes of several); only the entry points
-import it.
+megatron/launcher/failures.py for where the record goes and what `deepy.py` prints);
+`run_tool(main)` the `main` of every `tools/*.py`. This module is outside the rooms (it reads
+classes of several); only the entry points import it.
 """
 
 from __future__ import annotations
 
 import atexit
 import dis
+import inspect
 import os
 import sys
 import traceback
@@ -49,6 +51,7 @@ from megatron.launcher.failures import (
 )
 
 PACKAGE = Path(__file__).resolve().parent
+OUR_CODE = (PACKAGE, PACKAGE.parent / "tools")  # the package and the tools run from a checkout
 RAISE = dis.opmap["RAISE_VARARGS"]
 USER_SITUATIONS = (  # (module, class): looked up only once loaded, since never raised before
     ("megatron.training.step.loss_scaling", "TooManySkippedSteps"),
@@ -68,14 +71,15 @@ def is_user_error(error: BaseException) -> bool:
 
 
 def _raised_by_our_raise(error: BaseException) -> bool:
-    """True when the innermost frame is in the `megatron` package, stopped at a `raise`."""
+    """True when the innermost frame is in `OUR_CODE`, stopped at a `raise`."""
     tb = error.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
     code = tb.tb_frame.f_code
-    if not Path(code.co_filename).resolve().is_relative_to(PACKAGE):
+    path = Path(code.co_filename).resolve()
+    if not any(path.is_relative_to(ours) for ours in OUR_CODE):
         return False
     return 0 <= tb.tb_lasti < len(code.co_code) and code.co_code[tb.tb_lasti] == RAISE
 
@@ -87,6 +91,29 @@ def current_rank() -> int | None:
         return torch_dist.get_rank()
     rank = os.environ.get("RANK", "")
     return int(rank) if rank.isdigit() else None
+
+
+def run_tool(
+    main: Callable[[list[str] | None], int],
+    argv: Sequence[str] | None = None,
+    *,
+    status: int = USER_ERROR_EXIT,
+    label: str = "",
+) -> int:
+    """Run a command-line tool's `main(argv)` and return its exit status: what `main` returns,
+    or, on a user error, `status` after one line on stderr, `{label}: {message}` (`label`: the
+    file name of the tool's `main` unless given). A bug keeps its traceback.
+
+    A tool calls it around its whole `main` (`sys.exit(run_tool(main))`), or inside its `main`
+    where callers read the status `main` returns.
+    """
+    try:
+        return main(None if argv is None else list(argv))
+    except Exception as error:
+        if not is_user_error(error):
+            raise
+        print(f"{label or Path(inspect.getfile(main)).name}: {error}", file=sys.stderr)
+        return status
 
 
 def run_worker(

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron.checkpoint_tools import import_hf  # noqa: E402
-from megatron.config import ConfigError  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,8 +64,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, ValueError, KeyError, FileNotFoundError) as err:
-        print(f"convert_from_hf.py: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_tool(main))

@@ -37,6 +37,7 @@ from megatron.checkpoint_tools.hf_export import (  # noqa: E402
     DTYPES,
     VERIFY_TOLERANCE,
 )
+from megatron.errors import run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -113,8 +114,4 @@ def _eod(cfg) -> int | None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as err:
-        print(f"convert_to_hf.py: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_tool(main))

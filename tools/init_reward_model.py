@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megatron.checkpoint_tools import CheckpointError, config_from_files  # noqa: E402
+from megatron.checkpoint_tools import config_from_files  # noqa: E402
 from megatron.checkpoint_tools.reward_init import init_reward_model  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,16 +41,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def _init(argv) -> int:
     args = parse_args(argv)
-    try:
-        cfg = config_from_files(args.config, args.set)
-        result = init_reward_model(args.checkpoint, cfg, args.output, overwrite=args.overwrite)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError, CheckpointError) as err:
-        print(f"init_reward_model.py: {err}", file=sys.stderr)
-        return 2
+    cfg = config_from_files(args.config, args.set)
+    result = init_reward_model(args.checkpoint, cfg, args.output, overwrite=args.overwrite)
     print(result.report())
     return 0
+
+
+def main(argv=None) -> int:
+    return run_tool(_init, argv)
 
 
 if __name__ == "__main__":

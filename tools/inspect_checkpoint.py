@@ -34,6 +34,7 @@ from megatron.checkpoint_tools.optimizer_read import unmovable_reason  # noqa: E
 from megatron.checkpoint_tools.reader import load_saved_config  # noqa: E402
 from megatron.checkpoint_tools.reshard import check_layout  # noqa: E402
 from megatron.checkpoint_tools.universal import reshard_stage  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 from megatron.preflight.checkpoints import _layout_finding  # noqa: E402
 
 RESUME_KEYS = ("tp", "pp", "dp", "zero")
@@ -138,8 +139,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, KeyError, FileNotFoundError) as err:
-        print(f"inspect_checkpoint.py: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_tool(main))

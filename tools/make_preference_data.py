@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from megatron.data.preprocess.encoder import PreprocessError  # noqa: E402
 from megatron.data.preprocess.preference_corpus import build_preference_set  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,18 +34,14 @@ def main(argv=None) -> int:
         "--completion-words", type=int, default=10, help="words per continuation (default 10)"
     )
     args = p.parse_args(argv)
-    try:
-        prefixes = build_preference_set(
-            Path(args.data_dir), args.n_train, args.n_valid, args.seed, args.seq_length,
-            prompt_words=args.prompt_words, completion_words=args.completion_words,
-        )  # fmt: skip
-    except (PreprocessError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    prefixes = build_preference_set(
+        Path(args.data_dir), args.n_train, args.n_valid, args.seed, args.seq_length,
+        prompt_words=args.prompt_words, completion_words=args.completion_words,
+    )  # fmt: skip
     for name, prefix in prefixes.items():
         print(f"{name}: {prefix}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_tool(main, status=1, label="error"))

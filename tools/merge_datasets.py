@@ -13,21 +13,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron.data.dataset_tools import merge_datasets  # noqa: E402
-from megatron.data.indexed_format import IndexedDatasetError  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 
-def main(argv=None) -> int:
+def _merge(argv) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="dataset prefixes (no .bin/.idx)")
     p.add_argument("--output-prefix", required=True, help="prefix of the merged dataset")
     args = p.parse_args(argv)
-    try:
-        merged = merge_datasets(args.input, args.output_prefix)
-    except (IndexedDatasetError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    merged = merge_datasets(args.input, args.output_prefix)
     print(f"{args.output_prefix}: {merged.num_docs:,} documents, {merged.num_tokens:,} tokens")
     return 0
+
+
+def main(argv=None) -> int:
+    return run_tool(_merge, argv, status=1, label="error")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron.data.preprocess.cli import main  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `main` reports its own data errors (it is also a console script, which cannot reach
+    # megatron/errors.py); any other user error ends the same way here.
+    sys.exit(run_tool(main, status=1, label="error"))

@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron.checkpoint_tools import reshard_checkpoint  # noqa: E402
+from megatron.errors import run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,8 +76,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ValueError, KeyError, FileNotFoundError) as err:
-        print(f"reshard.py: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(run_tool(main))

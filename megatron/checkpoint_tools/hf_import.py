@@ -73,7 +73,10 @@ def read_hf_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"'{hf_dir}' has no config.json: not a Hugging Face model dir")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"'{path}' is not valid JSON: {err}") from None
 
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:

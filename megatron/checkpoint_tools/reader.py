@@ -47,7 +47,14 @@ def load_saved_config(layout: CheckpointLayout):
             f"checkpoint '{layout.folder}' has no {path.name}; give the run's config files "
             "(--config) so the model can be described"
         )
-    return Config.from_dict(json.loads(path.read_text()))
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(
+            f"'{path}' is not valid JSON ({err}); give the run's config files (--config) so "
+            "the model can be described"
+        ) from None
+    return Config.from_dict(saved)
 
 
 def config_from_files(files, overrides=()) -> object:

@@ -1,4 +1,5 @@
-"""`megatron/errors.py`: which exceptions are user errors, and what a worker does on one.
+"""`megatron/errors.py`: which exceptions are user errors, and what a worker or a tool does on
+one.
 
 The entry points' wrapper runs here in a subprocess (it ends the process), as deepy.py's
 workers run it: with an errors folder it writes the record and prints nothing for a user
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from megatron.config import ConfigError
-from megatron.errors import PACKAGE, is_user_error
+from megatron.errors import PACKAGE, is_user_error, run_tool
 from megatron.launcher.failures import ERRORS_DIR_FLAG, USER_ERROR_EXIT, read_failures
 from megatron.training.checkpoint.disk_space import CheckpointSaveError
 from megatron.training.optim.lion import Lion
@@ -131,3 +132,36 @@ def test_a_bug_keeps_its_traceback_and_a_later_failure_is_collateral(tmp_path):
         (0, "bug"),
         (1, "collateral"),
     ]
+
+
+def test_a_raise_in_a_command_line_tool_is_a_user_error():
+    from tools.inspect_checkpoint import parse_resume_at
+
+    with pytest.raises(ValueError, match="'tq=2' is not valid") as caught:
+        parse_resume_at("tq=2")
+    assert is_user_error(caught.value)
+    assert not is_user_error(_raised("a, b = [1, 2, 3]", REPO / "tools" / "not_a_tool.py"))
+
+
+def test_a_tool_ends_a_user_error_with_one_line_and_a_bug_with_its_traceback(capsys):
+    def main(argv):
+        if argv == ["user"]:
+            raise ConfigError("seq_length: 7 is not a multiple of 8")
+        if argv == ["bug"]:
+            raise RuntimeError("a bug")
+        return 0
+
+    assert run_tool(main, []) == 0
+    assert run_tool(main, ["user"]) == USER_ERROR_EXIT
+    assert capsys.readouterr().err == "test_errors.py: seq_length: 7 is not a multiple of 8\n"
+    assert run_tool(main, ["user"], status=1, label="error") == 1
+    assert capsys.readouterr().err == "error: seq_length: 7 is not a multiple of 8\n"
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_tool(main, ["bug"])
+    assert capsys.readouterr().err == ""
+
+
+def test_every_tool_reports_through_run_tool():
+    for tool in sorted((REPO / "tools").glob("*.py")):
+        text = tool.read_text()
+        assert "sys.exit(run_tool(main" in text or "return run_tool(" in text, tool.name
