@@ -5,11 +5,14 @@ others. Instead the same `deepy.py` command runs on every node, torchrun-style, 
 reads from its environment:
 
 * its node rank: NODE_RANK, else JOB_COMPLETION_INDEX (which a Kubernetes Indexed Job gives
-  every pod); NODE_RANK wins when both are set, so a pod spec can override the index;
-* the node count: NNODES, else the `num_nodes` setting (both set: they must agree); with a
-  `hostfile`, the nodes it lists (after num_nodes/include/exclude), which NNODES must match;
-* rank 0's address: MASTER_ADDR, else `master_addr` (a one-node run may leave both unset:
-  127.0.0.1);
+  every pod); NODE_RANK wins when both are set, so a pod spec can override the index; else,
+  as one task per node of a SLURM step (`srun --ntasks-per-node=1 python deepy.py ...`), this
+  node's place in SLURM_STEP_NODELIST;
+* the node count: NNODES, else the `num_nodes` setting (both set: they must agree), else the
+  SLURM step's SLURM_STEP_NUM_NODES; with a `hostfile`, the nodes it lists (after
+  num_nodes/include/exclude), which NNODES must match;
+* rank 0's address: MASTER_ADDR, else `master_addr`, else the SLURM step's first node (a
+  one-node run may leave all unset: 127.0.0.1);
 * the rendezvous port: MASTER_PORT, else `master_port` (its default 29500 when unset). A
   one-machine run's free-port choice does not apply: every node must name the same port.
 
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron.launcher.errors import LauncherError
+from megatron.launcher.nodelist import expand_slurm_nodelist
 from megatron.launcher.settings import LauncherSettings
 
 NODE_RANK_VARS = ("NODE_RANK", "JOB_COMPLETION_INDEX")  # the first one set is used
@@ -33,6 +37,37 @@ NNODES_VAR = "NNODES"
 MASTER_ADDR_VAR = "MASTER_ADDR"
 MASTER_PORT_VAR = "MASTER_PORT"
 LOCALHOST = "127.0.0.1"
+SLURM_STEP = "the SLURM step"  # where the values came from, inside `srun`
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    """This task's node in a SLURM step that runs one `deepy.py` per node."""
+
+    node_rank: int
+    nnodes: int
+    first_node: str
+
+
+def slurm_step(environ: Mapping[str, str]) -> SlurmStep | None:
+    """The SLURM step this process is a task of (None outside `srun`: a batch script's own
+    environment has no SLURM_STEP_ID, and must not pass for node 0 of a launch)."""
+    if not environ.get("SLURM_STEP_ID", "").strip():
+        return None
+    nodes = expand_slurm_nodelist(environ.get("SLURM_STEP_NODELIST", ""), "SLURM_STEP_NODELIST")
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "").strip()
+    if tasks != str(len(nodes)):
+        raise LauncherError(
+            f"no_ssh: true inside srun needs one deepy.py per node, but this step runs {tasks} "
+            f"task(s) on {len(nodes)} node(s); use srun --ntasks-per-node=1 (deepy.py then "
+            "starts each node's ranks)"
+        )
+    name = environ.get("SLURMD_NODENAME", "").strip()
+    if name not in nodes:
+        raise LauncherError(
+            f"no_ssh: SLURMD_NODENAME={name!r} is not in SLURM_STEP_NODELIST ({', '.join(nodes)})"
+        )
+    return SlurmStep(nodes.index(name), len(nodes), nodes[0])
 
 
 @dataclass(frozen=True)
@@ -88,6 +123,9 @@ def expected_node_count(
             f"(leave num_nodes unset to take {NNODES_VAR})"
         )
     count = nnodes if nnodes is not None else configured
+    step = slurm_step(environ) if count is None else None
+    if step is not None:
+        count = step.nnodes
     if count is None and required:
         raise LauncherError(
             f"no_ssh: true needs the node count: set {NNODES_VAR} (the same on every node) "
@@ -111,17 +149,24 @@ def read_node(
         )
     valid = f"valid node ranks are 0-{nnodes - 1} ({NNODES_VAR}={nnodes})"
     rank_from = next((n for n in NODE_RANK_VARS if environ.get(n, "").strip()), None)
-    if rank_from is None:
+    step = slurm_step(environ)
+    if rank_from is None and step is None:
         raise LauncherError(
-            f"no_ssh: true needs this node's rank: set NODE_RANK ({valid}), or run as a "
-            "Kubernetes Indexed Job, which sets JOB_COMPLETION_INDEX"
+            f"no_ssh: true needs this node's rank: set NODE_RANK ({valid}), run as a "
+            "Kubernetes Indexed Job, which sets JOB_COMPLETION_INDEX, or as one task per node "
+            "of srun (srun --ntasks-per-node=1)"
         )
-    node_rank = _int_var(environ, rank_from, valid)
+    if rank_from is None:
+        node_rank, rank_from = step.node_rank, SLURM_STEP
+    else:
+        node_rank = _int_var(environ, rank_from, valid)
     if not 0 <= node_rank < nnodes:
         raise LauncherError(f"no_ssh: {rank_from}={node_rank} is out of range; {valid}")
     addr, addr_from = environ.get(MASTER_ADDR_VAR, "").strip(), MASTER_ADDR_VAR
     if not addr:
         addr, addr_from = settings.master_addr or "", "master_addr"
+    if not addr and step is not None:
+        addr, addr_from = step.first_node, SLURM_STEP
     if not addr and nnodes == 1:
         addr, addr_from = LOCALHOST, "one node"
     if not addr:

@@ -159,3 +159,31 @@ def test_hostfile_nodes_must_match_nnodes(tmp_path):
     assert plan.world_size == 6 and plan.hostfile_text is None and plan.node.node_rank == 2
     with pytest.raises(LauncherError, match=r"say 2 node\(s\) but hostfile .* gives 3"):
         plan_resources(settings, environ={**NODE, "NODE_RANK": "0"})
+
+
+STEP = {  # what srun gives each task of `srun --nodes=3 --ntasks-per-node=1`
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "gpu[07-09]",
+    "SLURM_STEP_NUM_NODES": "3",
+    "SLURM_STEP_NUM_TASKS": "3",
+    "PATH": "/bin",
+}
+
+
+@pytest.mark.parametrize("node, rank", [("gpu07", 0), ("gpu09", 2)])
+def test_one_deepy_per_node_of_an_srun_step_finds_its_place(node, rank):
+    plan = plan_resources(NO_SSH, environ={**STEP, "SLURMD_NODENAME": node}, device_count=0)
+    assert (plan.node.node_rank, plan.node.nnodes, plan.node.master_addr) == (rank, 3, "gpu07")
+    assert plan.world_size == 6 and plan.node.rank_from == "the SLURM step"
+    # NODE_RANK, NNODES and MASTER_ADDR still win where a user sets them
+    mine = {**STEP, "SLURMD_NODENAME": node, "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.7"}
+    assert plan_resources(NO_SSH, environ=mine, device_count=0).node.node_rank == 1
+
+
+def test_a_batch_script_is_not_node_0_and_several_tasks_per_node_are_refused():
+    batch = {k: v for k, v in STEP.items() if k != "SLURM_STEP_ID"}  # no step: the batch host
+    with pytest.raises(LauncherError, match="needs the node count"):
+        plan_resources(NO_SSH, environ={**batch, "SLURMD_NODENAME": "gpu07"}, device_count=0)
+    two = {**STEP, "SLURM_STEP_NUM_TASKS": "6", "SLURMD_NODENAME": "gpu07"}
+    with pytest.raises(LauncherError, match="one deepy.py per node.*--ntasks-per-node=1"):
+        plan_resources(NO_SSH, environ=two, device_count=0)
