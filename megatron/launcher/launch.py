@@ -25,9 +25,10 @@ launch starts only this node's ranks (`plan.describe()` says which).
 For a local launch the environment is passed through unchanged. For a multi-node launch,
 variables that look secret (`is_secret_name`) are removed from
 the runner's environment and written to a private file (see megatron.launcher.secrets),
-which the context manager deletes on exit. On a machine without GPUs, a local launch also
-(or a `no_ssh` node's) gets DS_ACCELERATOR=cpu so the runner and workers do not probe for
-accelerators.
+which the context manager deletes on exit; the `CARRIED` variables (PATH, the virtual
+environment, ...) go to remote ranks with the launching shell's values. On a machine without
+GPUs, a local launch (or a `no_ssh` node's) also gets DS_ACCELERATOR=cpu so the runner and
+workers do not probe for accelerators.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import dataclasses
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -53,8 +53,10 @@ from megatron.launcher.failures import (
 )
 from megatron.launcher.plan import LaunchResources, local_device_count, plan_resources
 from megatron.launcher.runner import runner_argv_for_plan
+from megatron.launcher.runner_process import run_runner
 from megatron.launcher.secrets import (
     SECRETS_FILE_VAR,
+    carried_names,
     check_deepspeed_env_files,
     redact_argv,
     secret_names,
@@ -155,11 +157,14 @@ def prepare_launch(
             resources = dataclasses.replace(resources, hostfile=path)
         secrets_file = None
         forwarded: list[str] = []
+        carried: list[str] = []  # by name: the backends that carry no whole environment
         if resources.multi_node:
             check_deepspeed_env_files(environ, extra=extra)
             forwarded = secret_names(environ, extra)
-        if forwarded:
-            secrets_file = write_secrets_file({n: environ[n] for n in forwarded}, directory)
+            carried = carried_names(environ, extra)
+        sourced = forwarded + (carried if resources.settings.launcher == "pdsh" else [])
+        if sourced:
+            secrets_file = write_secrets_file({n: environ[n] for n in sourced}, directory)
             staged.append(secrets_file)
             for name in forwarded:
                 del env[name]
@@ -175,7 +180,8 @@ def prepare_launch(
             script,
             [*worker_args, *([VERBOSE_FLAG] if verbose else [])],
             python=python,
-            forward_env=[SECRETS_FILE_VAR] if secrets_file else [],
+            forward_env=([SECRETS_FILE_VAR] if secrets_file else [])
+            + (carried if resources.settings.launcher == "openmpi" else []),
             env_script=secrets_file,
             log_level="info" if verbose else "critical",  # INFO: the worker commands
         )
@@ -222,7 +228,8 @@ def run_launch(plan: LaunchPlan) -> int:
     0: every worker succeeded; `USER_ERROR_EXIT` (2): workers stopped on a user error, whose
     message is printed once; else the runner's status.
     """
-    status = subprocess.call(plan.argv, env=plan.env)
+    remote = plan.resources.multi_node and plan.resources.settings.launcher == "pdsh"
+    status = run_runner(plan.argv, plan.env, quiet_remote=remote and not plan.verbose)
     if status == 0:
         return 0
     failures = read_failures(plan.errors_dir) if plan.errors_dir else []

@@ -19,6 +19,12 @@ the runner's environment and written to a private file (mode 0600, shell syntax)
 directory every node can read. Workers learn its path from `MEGATRON_SECRETS_FILE` (a path,
 not a secret) and `load_forwarded_secrets()` puts the values back into `os.environ`; for
 pdsh the runner also `source`s the file (`--venv_script`) on each node before starting.
+
+Besides secrets, the variables of `CARRIED` reach remote ranks with the launching shell's
+values: under pdsh through the same file (a remote shell would otherwise start with the
+system's PATH, find other tools, e.g. another `ninja`, and rebuild DeepSpeed's compiled ops),
+under OpenMPI as `-x NAME`; SLURM's `srun --export=ALL` and MPICH's hydra carry the whole
+environment already.
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ REDACTED = "***"
 # A name is secret when one of its `_`-separated words is one of these (WANDB_API_KEY,
 # HF_TOKEN, AWS_SECRET_ACCESS_KEY, MLFLOW_TRACKING_PASSWORD, ...). SSH_AUTH_SOCK is not:
 # pdsh and ssh need it in the runner's own environment.
+# Non-secret variables a remote rank gets from the launching shell (module docstring).
+CARRIED = (
+    "PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "OMP_NUM_THREADS",
+    "TORCH_EXTENSIONS_DIR", "HF_HOME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+)  # fmt: skip
 _SECRET_WORDS = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS"}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ASSIGNMENT_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=([^\s,;]*)")
@@ -53,6 +64,11 @@ def secret_names(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[
     """The names of the secret variables set in `environ`, sorted."""
     extra = set(extra)
     return sorted(name for name in environ if is_secret_name(name, extra))
+
+
+def carried_names(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
+    """The `CARRIED` variables set in `environ` (none of them secret)."""
+    return [name for name in CARRIED if name in environ and not is_secret_name(name, extra)]
 
 
 def redact_env(env: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:

@@ -154,6 +154,24 @@ def test_pdsh_launch_sources_the_secrets_file_and_openmpi_forwards_its_name(tmp_
         assert f"-x {SECRETS_FILE_VAR}" in plan.argv[plan.argv.index("--launcher_args") + 1]
 
 
+def test_remote_ranks_get_the_launching_shells_path_and_threads(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=1\nn2 slots=1\n")
+    environ = {"PATH": "/venv/bin:/usr/bin", "OMP_NUM_THREADS": "4", "EDITOR": "vi"}
+    with prepare_launch(
+        {"hostfile": str(hostfile)}, "train.py", [], environ=environ, launch_dir=str(tmp_path)
+    ) as plan:  # pdsh: sourced on every node, before the remote launch.py starts
+        sourced = read_secrets_file(plan.argv[plan.argv.index("--venv_script") + 1])
+        assert sourced == {"PATH": "/venv/bin:/usr/bin", "OMP_NUM_THREADS": "4"}
+    launcher = {"launcher": "openmpi", "hostfile": str(hostfile)}
+    with prepare_launch(
+        launcher, "train.py", [], environ=environ, launch_dir=str(tmp_path)
+    ) as plan:  # mpirun -x NAME: the value travels from mpirun's own environment
+        words = plan.argv[plan.argv.index("--launcher_args") + 1].split()
+        assert "PATH" in words and "OMP_NUM_THREADS" in words and "EDITOR" not in words
+        assert plan.secrets_file is None
+
+
 @pytest.mark.parametrize("text", ["WANDB_API_KEY=x\n", "export A='unclosed\n", "export 1A=x\n"])
 def test_malformed_secrets_file_names_the_file(tmp_path, text):
     path = tmp_path / "secrets.sh"
