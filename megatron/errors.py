@@ -10,7 +10,8 @@ file, key or value; `is_user_error` is the one definition:
   `TokenizerError`, ...), or
 * one of `USER_SITUATIONS`: the run stopping for a reason in the person's world that its
   message says in full, not a bug (a diverged run, `TooManySkippedSteps`; a full disk or a
-  file in the way of a checkpoint, `CheckpointSaveError`), or
+  file in the way of a checkpoint, `CheckpointSaveError`; a node or rank that died under a
+  collective, which `run_worker` turns into a `LostPeerError` naming it), or
 * a `ValueError` or `OSError` raised by a `raise` statement of our code, the `megatron`
   package or the command-line tools in `tools/` (a `raise ValueError(...)` naming a refused
   combination, a `raise FileNotFoundError(...)` naming a missing data file). The same class
@@ -31,7 +32,9 @@ from __future__ import annotations
 import atexit
 import dis
 import inspect
+import multiprocessing
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -49,11 +52,13 @@ from megatron.launcher.failures import (
     errors_dir_from_argv,
     write_failure,
 )
+from megatron.launcher.peers import lost_peer_error
 
 PACKAGE = Path(__file__).resolve().parent
 OUR_CODE = (PACKAGE, PACKAGE.parent / "tools")  # the package and the tools run from a checkout
 RAISE = dis.opmap["RAISE_VARARGS"]
 USER_SITUATIONS = (  # (module, class): looked up only once loaded, since never raised before
+    ("megatron.launcher.peers", "LostPeerError"),
     ("megatron.training.step.loss_scaling", "TooManySkippedSteps"),
     ("megatron.training.checkpoint.disk_space", "CheckpointSaveError"),
 )
@@ -132,6 +137,7 @@ def run_worker(
     try:
         main(argv)
     except Exception as error:  # noqa: BLE001 - every failure is recorded and reported
+        error = lost_peer_error(error) or error  # a dead node: the cluster's, not a bug
         code = USER_ERROR_EXIT if is_user_error(error) else 1
         try:
             _stop(error, argv, code)
@@ -158,7 +164,14 @@ def _exit_finished() -> None:
     a native thread (communication, data loading) still joinable when its owner is destroyed
     at exit, after everything the run writes was written. So Python's own exit handlers run
     (logging's flush, the loggers' `atexit` hooks), the streams are flushed, and the process
-    ends without destroying the rest."""
+    ends without destroying the rest. Child processes still running (data-loader workers,
+    which ignore SIGTERM: megatron/data/data_loaders.py) are killed first: multiprocessing's
+    exit handler would SIGTERM them and wait forever. (torch's SIGCHLD handler, which would
+    take a killed loader worker for a failed one, goes first.)"""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=10)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

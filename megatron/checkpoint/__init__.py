@@ -1,5 +1,6 @@
 """Checkpoint facts that every room reading or writing checkpoints shares (training, the
-offline checkpoint tools, inference, the pre-flight). Imports only `megatron/model/`.
+offline checkpoint tools, inference, the pre-flight). Imports only `megatron/config/` and
+`megatron/model/`.
 
 | module            | what it holds                                                           |
 | ----------------- | ----------------------------------------------------------------------- |

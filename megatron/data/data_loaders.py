@@ -4,7 +4,9 @@ Loader worker processes ignore SIGTERM and SIGINT. A scheduler's stop signal (SL
 `--signal`, `scancel --signal=TERM JOB.STEP`, a preemption) reaches every process of a job
 step, the loader workers included; the training process then finishes its step and saves a
 checkpoint (`megatron/training/loop/signals.py`), which needs its workers alive. A worker whose
-training process is gone still exits: torch's loader workers watch their parent.
+training process is gone still exits: torch's loader workers watch their parent; a finished
+worker process kills its loader workers before it exits (`megatron/errors.py::run_worker`),
+since multiprocessing's own exit handler would SIGTERM them and wait.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 
 * Under pdsh, every node runs DeepSpeed's `launch.py` at its default INFO level (the runner
   passes its own `--log_level` to a local launch.py only), which prints the environment it
-  exports and each worker's whole command line, config bundle included. With
-  `quiet_remote`, those lines (`NODE: [time] [INFO] [launch.py:...]`) are dropped from the
-  runner's output; everything else passes through line by line, on the stream it came on.
+  exports and each worker's whole command line, config bundle included (and, at ERROR, a
+  failed worker's, which deepy.py reports itself). With `quiet_remote`, those lines
+  (`NODE: [time] [INFO|ERROR] [launch.py:...]`) are dropped from the runner's output;
+  everything else passes through line by line, on the stream it came on.
 * A SIGTERM to deepy.py (`kill`, SLURM cancelling the job) is passed on to the runner, and
   deepy.py keeps waiting for it instead of dying first: the launch's files are then removed
   once the runner is gone (a killed deepy.py left its hostfile and errors folder behind).
@@ -23,7 +24,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-REMOTE_LAUNCHER_INFO = re.compile(rb"^[\w.@-]+: \[[^\]]*\] \[INFO\] \[launch\.py:\d+:\w+\] ")
+REMOTE_LAUNCHER_INFO = re.compile(
+    rb"^[\w.@-]+: \[[^\]]*\] \[(INFO|ERROR)\] \[launch\.py:\d+:\w+\] "
+)
 
 
 def run_runner(argv: list[str], env: dict[str, str], *, quiet_remote: bool = False) -> int:

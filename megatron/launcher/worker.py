@@ -18,6 +18,7 @@ import torch.distributed as dist
 def initialize_distributed(cfg):
     """Join (or reuse) the process group and build the `ParallelTopology`."""
     from megatron.launcher import init_distributed, setup_distributed_env
+    from megatron.launcher.peers import record_peers
     from megatron.parallel import ParallelTopology
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -26,6 +27,7 @@ def initialize_distributed(cfg):
         cfg.parallel.distributed_backend,
         timeout_minutes=cfg.parallel.distributed_timeout_minutes,
     )
+    record_peers(os.environ.get("MASTER_ADDR", "127.0.0.1"))  # to name a rank that dies
     set_cpu_threads()
     return ParallelTopology.from_config(cfg)
 

@@ -9,6 +9,8 @@ losses within 1e-5.
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -17,26 +19,36 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import free_port
 from tests.unit.training.tiny_run import tiny_settings
 
 REPO = Path(__file__).resolve().parents[2]
-ITERS = 12
+ITERS = 40  # long enough for a signal to land mid-run
 TIMEOUT = 600
 RUN_ENV = {"OMP_NUM_THREADS": "1"}  # one thread per rank: the nodes share two cores
 
 
+def rendezvous_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), where srun and slurmstepd
+    open their own sockets inside a node: an ephemeral port free here may be theirs there."""
+    for _ in range(100):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                return port
+    raise RuntimeError("no free port in 20000-32000")
+
+
 def run_config(folder: Path, **changes) -> Path:
     """Write the run's config under `folder` (checkpoints, logs and index cache there too)."""
-    settings = tiny_settings(
-        folder,
+    run = dict(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         train_iters=ITERS,
         eval_interval=1000,
-        master_port=free_port(),
-        **{k: str(v) if isinstance(v, Path) else v for k, v in changes.items()},
+        master_port=rendezvous_port(),
     )
+    run.update({k: str(v) if isinstance(v, Path) else v for k, v in changes.items()})
+    settings = tiny_settings(folder, **run)
     path = folder / "run.yml"
     path.write_text(json.dumps(settings))
     return path
@@ -55,10 +67,11 @@ def hostfile(folder: Path, cluster) -> Path:
 
 
 def losses(folder: Path) -> dict[int, float]:
-    """{iteration: training loss} from the run's metrics.jsonl (a resumed run appends)."""
+    """{iteration: training loss} from the run's metrics.jsonl (a resumed run appends; the
+    evaluations' records, which name their `split`, are left out)."""
     lines = (folder / "logs" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
-    return {r["iteration"]: r["loss"] for r in records if "loss" in r and "iteration" in r}
+    return {r["iteration"]: r["loss"] for r in records if "loss" in r and "split" not in r}
 
 
 def assert_same_losses(got: dict[int, float], expected: dict[int, float]) -> None:
