@@ -337,7 +337,7 @@ def main(argv=None) -> int:
         shapes = {s: SHAPES[s] for s in args.sizes.split(",")}
     vocab = 512 if args.tiny else 50257
     # bf16 needs a GPU here: torch.compile's C++ (CPU) backend cannot compile our bf16 layers
-    # (megatron/config/torch_compile.py), and CPU bf16 measures nothing a GPU user wants.
+    # (megatron/config/checks/torch_compile.py), and CPU bf16 measures nothing a GPU user wants.
     args.mixed = "bf16" if torch.cuda.is_available() else "fp32"
     sections = [bench_shape(name, shape, vocab, args) for name, shape in shapes.items()]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()

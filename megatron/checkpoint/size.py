@@ -15,7 +15,7 @@ optimizer part is split between files, not its total):
   BF16_Optimizer's and ZeRO's fp32 partitions), and with ZeRO 1-3 also in fp32 (ZeRO keeps its
   fp32 partition as a tensor of its own);
 - the optimizer's per-parameter states, 4 bytes each
-  (`megatron/config/optimizer.py::OptimizerType.saved_states`);
+  (`megatron/config/groups/optimizer.py::OptimizerType.saved_states`);
 - neither of the last two with `no_save_optim`.
 
 Parameters are `count_parameters` (tied weights once). Not counted: the trainer state, RNG
@@ -29,7 +29,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.model.counting import count_parameters
 
 FP32_BYTES = 4

@@ -31,7 +31,7 @@ from megatron.checkpoint_tools.reshard import check_layout, tokenizer_vocab_size
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.tokenizer_files import import_tokenizer
 from megatron.checkpoint_tools.writer import write_checkpoint
-from megatron.config.rope_scaling import check_rope_scaling
+from megatron.config.groups.rope_scaling import check_rope_scaling
 from megatron.model import (
     HF_ARCHITECTURES,
     ModelArgs,

@@ -9,13 +9,12 @@ splits them for a rank of another layout, numbered for that layout's stage. At e
 size ep > 1 those files hold expert-parallel rank 0's experts' state and the others' come from
 `expert_states_pp*_ep*.pt` (`experts.py`), joined into the full `(E, ...)` state.
 
-ZeRO stages 1-3 keep the state in flat partitions over the data-parallel ranks;
-`zero_state.py` cuts them back into parameters (fp32 runs). Other cases keep their state in
-forms tied to the old layout, and `read_optimizer_state` returns the reason instead, naming
-the optimizer: the fp16/bf16 optimizer wrappers (flat fp32 master groups) and optimizers
-whose state is not elementwise (`OptimizerType.whole_parameter` in
-`megatron/config/optimizer.py::OPTIMIZER_TYPES`: SM3's per-dimension accumulators, 1-bit Adam's
-error feedback and DisTrO's per-rank momenta).
+ZeRO stages 1-3 keep the state in flat partitions over the data-parallel ranks; `zero_state.py` cuts
+them back into parameters (fp32 runs). Other cases keep their state in forms tied to the old layout,
+and `read_optimizer_state` returns the reason instead, naming the optimizer: the fp16/bf16 optimizer
+wrappers (flat fp32 master groups) and optimizers whose state is not elementwise
+(`OptimizerType.whole_parameter` in `megatron/config/groups/optimizer.py::OPTIMIZER_TYPES`: SM3's
+per-dimension accumulators, 1-bit Adam's error feedback and DisTrO's per-rank momenta).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.checkpoint_tools.stages import optimizer_parameter_names, stage_bounds
 from megatron.checkpoint_tools.universal import UNIVERSAL_STAGES
 from megatron.checkpoint_tools.zero_state import read_zero_optimizer_state
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 
 
 def _zero_stage(cfg) -> int:

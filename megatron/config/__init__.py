@@ -1,4 +1,13 @@
-"""Config system: typed groups, loader, validation, derived values, DeepSpeed export."""
+"""Config system: config files in, one validated, derived, frozen `Config` out.
+
+The files at this level are the pipeline, in the order a config goes through it: `loader`
+(merge files, `--set`), `resolve` (renames, GPT-NeoX keys, unknown keys, types, groups,
+derivation, checks), `schema` (type checks, field docstrings), `derive` (computed values),
+`config` (the frozen `Config`), `bundle` (to the workers and back), `ds_export` (DeepSpeed's
+config), `describe` (`--describe`, configs/README.md), `verbosity` (the workers' log level).
+The groups are in `groups/`, GPT-NeoX's other keys in `neox/`, cross-group checks in
+`checks/`.
+"""
 
 from megatron.config.bundle import config_from_argv, decode_bundle, encode_bundle
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config

@@ -11,22 +11,22 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron.config.checkpointing import CheckpointingConfig
-from megatron.config.data import DataConfig
-from megatron.config.deepspeed import DeepSpeedConfig
-from megatron.config.generation import GenerationConfig
-from megatron.config.launcher import LauncherConfig
-from megatron.config.logging import LoggingConfig
-from megatron.config.lr import LRConfig
-from megatron.config.model import ModelConfig
-from megatron.config.moe import MoEConfig
-from megatron.config.neox_keys import RENAMED
-from megatron.config.optimizer import OptimizerConfig
-from megatron.config.parallel import ParallelConfig
-from megatron.config.post_training import PostTrainingConfig
-from megatron.config.precision import PrecisionConfig
-from megatron.config.tokenizer import TokenizerConfig
-from megatron.config.training import TrainingConfig
+from megatron.config.groups.checkpointing import CheckpointingConfig
+from megatron.config.groups.data import DataConfig
+from megatron.config.groups.deepspeed import DeepSpeedConfig
+from megatron.config.groups.generation import GenerationConfig
+from megatron.config.groups.launcher import LauncherConfig
+from megatron.config.groups.logging import LoggingConfig
+from megatron.config.groups.lr import LRConfig
+from megatron.config.groups.model import ModelConfig
+from megatron.config.groups.moe import MoEConfig
+from megatron.config.groups.optimizer import OptimizerConfig
+from megatron.config.groups.parallel import ParallelConfig
+from megatron.config.groups.post_training import PostTrainingConfig
+from megatron.config.groups.precision import PrecisionConfig
+from megatron.config.groups.tokenizer import TokenizerConfig
+from megatron.config.groups.training import TrainingConfig
+from megatron.config.neox.keys import RENAMED
 
 GROUPS: dict[str, type] = {
     "model": ModelConfig,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from megatron.config.config import Config
-from megatron.config.lr import decay_and_warmup_iters
-from megatron.config.optimizer import (
+from megatron.config.groups.lr import decay_and_warmup_iters
+from megatron.config.groups.optimizer import (
     NEOX_DEFAULT_LR,
     NEOX_DEFAULT_OPTIMIZER,
     NEOX_DEFAULT_PARAMS,

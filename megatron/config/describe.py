@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 
 from megatron.config.config import GROUPS, KEY_TO_GROUP
-from megatron.config.neox_keys import (
+from megatron.config.neox.keys import (
     DERIVED_IN_NEOX,
     DERIVED_MUST_AGREE,
     GATES,

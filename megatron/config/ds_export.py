@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from megatron.config.config import Config
-from megatron.config.deepspeed import PASSTHROUGH
+from megatron.config.groups.deepspeed import PASSTHROUGH
 from megatron.config.schema import ConfigError
 
 # With sequence parallelism and several pipeline stages, the activations passed between stages

@@ -1,7 +1,7 @@
 """Turn merged settings into the validated, derived, frozen `Config`.
 
 Order: map GPT-NeoX renames, sort out GPT-NeoX keys we do not implement (accepted, warned
-about or refused by `neox_policy.py`), reject unknown keys with a did-you-mean, check each
+about or refused by `neox/policy.py`), reject unknown keys with a did-you-mean, check each
 value against its field's type, build the groups, derive values (batch arithmetic,
 data-parallel size, padded vocab, LR iterations, precision, GPT-NeoX's optimizer default),
 then run the cross-field validation in `validate.py`. `training=False` (generate.py, eval.py)
@@ -15,17 +15,17 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from megatron.config.checks.validate import validate
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
 from megatron.config.derive import derive
 from megatron.config.loader import Setting, apply_overrides, load_files
-from megatron.config.neox_policy import (
+from megatron.config.neox.policy import (
     check_computed_keys,
     check_neox_keys,
     check_refused_values,
     map_neox_keys,
 )
 from megatron.config.schema import coerce, field_types
-from megatron.config.validate import validate
 
 log = logging.getLogger("megatron.config")
 

@@ -1,11 +1,10 @@
 """Typed config fields: value checking against annotations, and field docstrings.
 
-Each config group is a frozen dataclass whose fields carry a docstring written directly under
-them (as in the source of `megatron/config/model.py`). Python drops those strings at run time,
-so `field_docs` reads them back from the source with `ast`; `--describe` and
-`configs/README.md` are both generated from them. A field declared with `documented` gets
-text written from a table appended (the optimizer types of `optimizer.py`), so a docstring
-never repeats a list the code keeps.
+Each config group is a frozen dataclass whose fields carry a docstring written directly under them
+(as in the source of `megatron/config/groups/model.py`). Python drops those strings at run time, so
+`field_docs` reads them back from the source with `ast`; `--describe` and `configs/README.md` are
+both generated from them. A field declared with `documented` gets text written from a table appended
+(the optimizer types of `optimizer.py`), so a docstring never repeats a list the code keeps.
 
 `coerce(key, value, annotation)` checks one value from a config file against a field's
 annotation and returns it normalised (numeric strings such as `6e-4` that YAML 1.1 reads as

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from megatron.config.data import DataConfig
+from megatron.config.groups.data import DataConfig
 from megatron.data.kinds import dataset_kind
 
 

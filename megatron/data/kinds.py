@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron.config.data import DataConfig
+from megatron.config.groups.data import DataConfig
 from megatron.data.blendable_dataset import (
     BlendableDataset,
     neox_num_samples,

@@ -1,6 +1,6 @@
 """The launcher settings as the runner code sees them, validated once.
 
-`LauncherSettings` is the `launcher` config group (`megatron/config/launcher.py` defines the
+`LauncherSettings` is the `launcher` config group (`megatron/config/groups/launcher.py` defines the
 fields, their types and defaults) plus the checks the runner needs, so the launcher works
 from a bare `LauncherSettings(num_gpus=2)` without loading a config.
 `LauncherSettings.from_config(obj)` accepts anything with the GPT-NeoX launcher attribute
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Literal, Union
 
-from megatron.config.launcher import LauncherConfig
+from megatron.config.groups.launcher import LauncherConfig
 from megatron.config.schema import field_types
 from megatron.launcher.errors import LauncherError
 

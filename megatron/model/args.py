@@ -3,7 +3,7 @@
 The model code takes a `ModelArgs`, never the whole config, so tests and tools build models
 without loading or resolving a config file. Its fields are not written here: they are the
 config groups' own fields, with the same names, types and defaults, so each is defined once:
-every field of `ModelConfig` (`megatron/config/model.py`) except the few in `CONFIG_ONLY`,
+every field of `ModelConfig` (`megatron/config/groups/model.py`) except the few in `CONFIG_ONLY`,
 and the keys of other groups named in `OTHER_GROUPS` (pipeline layout, sequence parallelism,
 seed). A new model key is added to `ModelConfig` only and reaches the model as `args.<key>`.
 Only values the model reads in another form than the config states are declared here
@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from megatron.config.model import ModelConfig
-from megatron.config.moe import MoEConfig
-from megatron.config.parallel import ParallelConfig
+from megatron.config.groups.model import ModelConfig
+from megatron.config.groups.moe import MoEConfig
+from megatron.config.groups.parallel import ParallelConfig
+from megatron.config.groups.training import TrainingConfig
 from megatron.config.schema import field_types
-from megatron.config.training import TrainingConfig
 
 # `ModelConfig` keys the model reads in another form (the value: the ModelArgs field).
 CONFIG_ONLY = {

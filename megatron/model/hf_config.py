@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from megatron.config.moe import MoEConfig
+from megatron.config.groups.moe import MoEConfig
 from megatron.model.args import ModelArgs, choose
 from megatron.model.mlp import mlp_inner_size
 

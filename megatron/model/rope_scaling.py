@@ -1,7 +1,7 @@
 """RoPE scaling rules: the inverse frequencies and cos/sin factor of each `rope_scaling` type.
 
 Each rule follows the definition of Hugging Face transformers (`modeling_rope_utils`), field
-for field (the fields and their checks: `megatron/config/rope_scaling.py`). A rule turns the
+for field (the fields and their checks: `megatron/config/groups/rope_scaling.py`). A rule turns the
 rotary dims `dim`, the base and the batch's positions into `(inv_freq (dim/2,), attention
 factor)`; `RotaryEmbedding` multiplies cos and sin by the factor, so the fused kernel and its
 reference rotate with the same scaled tables.
@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from megatron.config.rope_scaling import check_rope_scaling
+from megatron.config.groups.rope_scaling import check_rope_scaling
 
 
 def unscaled_inv_freq(base, dim: int, device) -> torch.Tensor:

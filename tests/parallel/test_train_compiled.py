@@ -11,7 +11,7 @@ C++ backend on the CPU), on 2 ranks:
 
 The losses of every step agree within float rounding (1e-5 relative), and the layers really
 were compiled: Dynamo captured graphs, and the same run without the key captured none. Dropout
-is off: `torch_compile` refuses it (`megatron/config/torch_compile.py`).
+is off: `torch_compile` refuses it (`megatron/config/checks/torch_compile.py`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import shutil
 from time import monotonic
 
 from megatron.checkpoint.folders import temporary_checkpoints
-from megatron.config.checkpointing import CheckpointTier, parse_checkpoint_keep
+from megatron.config.groups.checkpointing import CheckpointTier, parse_checkpoint_keep
 from megatron.parallel.host_values import broadcast_host, world_group
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ the run summary."""
 
 from __future__ import annotations
 
-from megatron.config.parallel import hpz_partition_size
+from megatron.config.groups.parallel import hpz_partition_size
 from megatron.training.metrics.flops import StepWork, peak_description
 
 

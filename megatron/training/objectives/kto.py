@@ -1,7 +1,7 @@
 """`train_impl: kto`: Kahneman-Tversky Optimization (Ethayarajh et al. 2024).
 
 Each sample is one document (`pack_impl: unpacked`, refused otherwise by
-`megatron/config/post_training.py`) with a reward per token (the `reward` dataset). As in
+`megatron/config/groups/post_training.py`) with a reward per token (the `reward` dataset). As in
 GPT-NeoX, with `R_t` the rewards at the sample's `seq_length` predicted positions (the last
 token's dropped, padding 0): the sample is desirable when `sum_t R_t > 0.001`, undesirable
 when `sum_t R_t < -0.001`, else neither (weight 0): the threshold applies to the SUM. The

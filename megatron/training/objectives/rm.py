@@ -10,7 +10,7 @@ GPT-NeoX's reward-model data (`preprocess_data_with_chat_template.py --for-rm`) 
 the end-of-text token it appends, so that is the token just before it (the last token the
 model sees before the end of the text); GPT-NeoX gathers every masked position and so needs
 exactly one per sequence, which this equals. A sequence with no such token is refused, and
-so is `pack_impl: pack_until_overflow` (`megatron/config/post_training.py`): a row of several
+so is `pack_impl: pack_until_overflow` (`megatron/config/groups/post_training.py`): a row of several
 pairs would be scored at its last pair only.
 
 Loss over the `b` pairs of a micro-batch (GPT-NeoX's definition, `z_loss` its coefficient):

@@ -1,8 +1,8 @@
 """Build the optimizer of a run from `cfg.optimizer`.
 
 Each `optimizer.type` has one builder class in `OPTIMIZERS` (the facts of each type:
-`megatron/config/optimizer.py::OPTIMIZER_TYPES`, whose names a test keeps equal). Weight decay
-is decoupled where the optimizer supports it and applies only to parameters of two or more
+`megatron/config/groups/optimizer.py::OPTIMIZER_TYPES`, whose names a test keeps equal). Weight
+decay is decoupled where the optimizer supports it and applies only to parameters of two or more
 dimensions: biases, norm weights and other vectors are never decayed (`param_groups`).
 
 `OneBitAdam` is our own (`megatron/training/optim/onebit_adam.py`): DeepSpeed 0.19 no longer
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.model.param_groups import param_groups
 from megatron.training.optim.distro import Distro
 from megatron.training.optim.lion import Lion
@@ -79,9 +79,9 @@ class Plain(OptimizerBuilder):
 
 
 class DistroBuilder(OptimizerBuilder):
-    """DisTrO/DeMo (`optim/distro.py`). Psyche's `clip_grad_norm` and `weight_decay` may stand
-    in its params; resolution has checked that they equal `gradient_clipping` and
-    `weight_decay` (`optimizer_engines.py`), which are what clips and decays."""
+    """DisTrO/DeMo (`optim/distro.py`). Psyche's `clip_grad_norm` and `weight_decay` may stand in
+    its params; resolution has checked that they equal `gradient_clipping` and `weight_decay`
+    (`megatron/config/checks/optimizer_engines.py`), which are what clips and decays."""
 
     def build(self, groups, lr, weight_decay, params):
         params.pop("clip_grad_norm", None)

@@ -43,7 +43,7 @@ def build_model_for_engine(cfg, topology, ds_config: dict) -> torch.nn.Module:
     """`megatron.model.build_model(cfg, topology)`, partitioned at construction under ZeRO-3.
 
     `ds_config` is the DeepSpeed config the engine gets (`deepspeed_config(cfg)`)."""
-    from megatron.config.torch_compile import validate_torch_compile_device
+    from megatron.config.checks.torch_compile import validate_torch_compile_device
     from megatron.model import compile_transformer_layers
 
     validate_torch_compile_device(cfg, on_gpu=torch.cuda.is_available())

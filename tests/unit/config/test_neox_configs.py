@@ -6,7 +6,7 @@ import pytest
 
 from megatron.config import deepspeed_config, load_config
 from megatron.config.config import KEY_TO_GROUP
-from megatron.config.neox_keys import NEOX_KEYS, RENAMED
+from megatron.config.neox.keys import NEOX_KEYS, RENAMED
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "data" / "configs"

@@ -7,7 +7,7 @@ import pytest
 
 from megatron.config import ConfigError, load_config
 from megatron.config.config import GROUPS, KEY_TO_GROUP
-from megatron.config.neox_keys import IMPLEMENTED, NEOX_KEYS, NO_EFFECT, REFUSED, REFUSED_VALUES
+from megatron.config.neox.keys import IMPLEMENTED, NEOX_KEYS, NO_EFFECT, REFUSED, REFUSED_VALUES
 from megatron.config.schema import field_types
 from tests.unit.config.conftest import MINIMAL
 

@@ -9,7 +9,7 @@ from typing import get_args, get_type_hints
 import numpy as np
 import pytest
 
-from megatron.config.data import DataConfig
+from megatron.config.groups.data import DataConfig
 from megatron.data.builders import build_datasets
 from megatron.data.dummy_dataset import DummyDataset
 from megatron.data.kinds import DATASET_KINDS, DatasetKind, dataset_kind, kind_name

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from megatron.config.data import DataConfig
+from megatron.config.groups.data import DataConfig
 from megatron.data.builders import build_train_valid_test_datasets
 from tests.unit.data.conftest import write_dataset
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from megatron.config.data import DataConfig
+from megatron.config.groups.data import DataConfig
 from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.builders import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset

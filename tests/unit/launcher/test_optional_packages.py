@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.config.logging import LoggingConfig
-from megatron.config.tokenizer import TokenizerConfig
+from megatron.config.groups.logging import LoggingConfig
+from megatron.config.groups.tokenizer import TokenizerConfig
 from megatron.launcher.errors import LauncherError
 from megatron.launcher.optional_packages import (
     OPTIONAL_PACKAGES,

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron.config.launcher import LauncherConfig
+from megatron.config.groups.launcher import LauncherConfig
 from megatron.launcher import RUNNER_LAUNCHERS, LauncherError, LauncherSettings
 from megatron.launcher.settings import WORKER_ENV_LAUNCH, WORKER_ENV_MPI, WORKER_ENV_SLURM
 

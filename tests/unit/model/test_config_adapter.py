@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from megatron.config import GROUPS, KEY_TO_GROUP, config_from_dict
-from megatron.config.model import ModelConfig
+from megatron.config.groups.model import ModelConfig
 from megatron.config.schema import field_types
 from megatron.model import ModelArgs, build_model
 from megatron.model.args import CONFIG_ONLY, REQUIRED

@@ -1,4 +1,4 @@
-"""The RoPE scaling rules the config accepts (`megatron/config/rope_scaling.py::RULES`, no
+"""The RoPE scaling rules the config accepts (`megatron/config/groups/rope_scaling.py::RULES`, no
 torch) are the ones the model implements (`megatron/model/rope_scaling.py::ROPE_RULES`), and
 each model rule reads exactly the fields the config lets through for it: a field the config
 accepts but the model ignores, or one the model needs but the config refuses, fails here."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.config.rope_scaling import RULES
+from megatron.config.groups.rope_scaling import RULES
 from megatron.model.rope_scaling import ROPE_RULES
 
 # A valid value for every field any rule takes (a field added to RULES needs one here).

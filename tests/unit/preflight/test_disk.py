@@ -14,7 +14,7 @@ import torch
 from megatron.checkpoint.folders import list_checkpoints, read_latest
 from megatron.checkpoint.size import checkpoint_size, format_bytes
 from megatron.config import config_from_dict
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.disk_space import CheckpointSaveError

@@ -16,7 +16,7 @@ from megatron.checkpoint.folders import (
     resume_tag,
     write_latest,
 )
-from megatron.config.checkpointing import parse_checkpoint_keep
+from megatron.config.groups.checkpointing import parse_checkpoint_keep
 from megatron.config.schema import ConfigError
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.policy import CheckpointPolicy, SaveSchedule, retire_temporaries

@@ -81,7 +81,7 @@ def _batch(b, s, seed=0):
 def test_registry_names_every_train_impl_value():
     from typing import get_args, get_type_hints
 
-    from megatron.config.post_training import PostTrainingConfig
+    from megatron.config.groups.post_training import PostTrainingConfig
 
     values = get_args(get_type_hints(PostTrainingConfig)["train_impl"])
     assert {"normal", "dpo", "kto"} <= set(values) <= set(OBJECTIVES)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.model.param_groups import param_groups
 from megatron.training.optim import MADGRAD, SM3, Lion, OneBitAdam
 from megatron.training.optim.optimizers import (

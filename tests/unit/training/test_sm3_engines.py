@@ -61,7 +61,7 @@ def _shapes_kept_by_deepspeed(rank, world_size, folder, combos):
     import deepspeed
 
     from megatron.config import deepspeed_config
-    from megatron.config.optimizer_engines import flattening_wrapper
+    from megatron.config.checks.optimizer_engines import flattening_wrapper
     from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
     from megatron.model.param_groups import param_groups

@@ -3,7 +3,7 @@
 The losses of compiled training against eager, on both engines, are compared in
 `tests/parallel/test_train_compiled.py`; here, without running a step (no compilation):
 
-- the combinations `megatron/config/torch_compile.py` refuses (dropout, fused kernels in use)
+- the combinations `megatron/config/checks/torch_compile.py` refuses (dropout, fused kernels in use)
   fail at resolution naming the keys, and the harmless neighbours (a fusion key whose kernel
   no layer uses, ZeRO 3) are accepted;
 - `build_model_for_engine` compiles every transformer layer in place, and nothing else, only

@@ -2,7 +2,7 @@
 the iteration.
 
 The decay iterations are split into cycles at `ScheduleSettings.cycle_ends`; the phases of each
-cycle come from `megatron.config.lr.lr_cycle_phases`. With k = iterations into a cycle that
+cycle come from `megatron.config.groups.lr.lr_cycle_phases`. With k = iterations into a cycle that
 warms up over w, holds the peak for s and decays over d:
 
     k < w          first cycle: peak × max(1, k) / w       (GPT-NeoX's warm-up, see below)
@@ -30,7 +30,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import replace
 
-from megatron.config.lr import CyclePhases, lr_cycle_phases
+from megatron.config.groups.lr import CyclePhases, lr_cycle_phases
 from megatron.training.optim.lr.settings import ScheduleSettings
 from megatron.training.optim.lr.styles import warmup_lr
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from megatron.config.lr import decay_and_warmup_iters, lr_cycle_ends
+from megatron.config.groups.lr import decay_and_warmup_iters, lr_cycle_ends
 from megatron.training.optim.lr.cycles import cycle_lr
 from megatron.training.optim.lr.settings import CURVE_KEYS, ScheduleSettings
 from megatron.training.optim.lr.styles import DECAY_STYLES, warmup_lr

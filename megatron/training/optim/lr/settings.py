@@ -1,7 +1,7 @@
 """What defines a learning-rate curve (`ScheduleSettings`), below the styles and cycles that
 read it and the schedule that steps it.
 
-The valid decay-style names are the config's (`megatron/config/lr.py`'s `lr_decay_style` and
+The valid decay-style names are the config's (`megatron/config/groups/lr.py`'s `lr_decay_style` and
 `wsd_decay_style` choices); `styles.py` holds one class per name.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args, get_type_hints
 
-from megatron.config.lr import LRConfig
+from megatron.config.groups.lr import LRConfig
 
 _CHOICES = get_type_hints(LRConfig)
 DECAY_STYLE_NAMES = get_args(_CHOICES["lr_decay_style"])

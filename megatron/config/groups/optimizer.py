@@ -24,7 +24,7 @@ class OptimizerType:
     whole_parameter: str = ""
     """Why its update or its state needs each parameter whole ("" for an element-wise
     optimizer). A config where DeepSpeed would hand it flat partitions is refused with this
-    reason (`megatron/config/optimizer_engines.py`), and the checkpoint tools do not move its
+    reason (`megatron/config/checks/optimizer_engines.py`), and the checkpoint tools do not move its
     state to another layout (`megatron/checkpoint_tools/optimizer_read.py`)."""
 
     zero_tested: bool = False

@@ -19,15 +19,15 @@ we never build. (2) BF16_Optimizer for bf16 with fp32 gradient accumulation at s
 flat. (3) The pipeline engine takes ZeRO stages 0 and 1 only (`validate.validate_parallel`).
 
 An optimizer whose update needs whole parameters (`OptimizerType.whole_parameter` in
-`megatron/config/optimizer.py::OPTIMIZER_TYPES`) silently becomes a different optimizer on flat
-partitions, so a config combining it with a flattening wrapper is refused at resolution.
+`megatron/config/groups/optimizer.py::OPTIMIZER_TYPES`) silently becomes a different optimizer on
+flat partitions, so a config combining it with a flattening wrapper is refused at resolution.
 Element-wise optimizers (Adam, AdamW, Lion, SGD, MADGRAD) are the same either way.
 """
 
 from __future__ import annotations
 
 from megatron.config.config import Config
-from megatron.config.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
 

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from megatron.config.checkpointing import parse_checkpoint_keep
+from megatron.config.checks.data import validate_data
+from megatron.config.checks.optimizer_engines import validate_optimizer_engine
+from megatron.config.checks.torch_compile import validate_torch_compile
 from megatron.config.config import Config
-from megatron.config.logging import validate_profiling
-from megatron.config.lr import check_cycle_keys
-from megatron.config.moe import validate_moe
-from megatron.config.optimizer import OPTIMIZER_TYPES
-from megatron.config.optimizer_engines import validate_optimizer_engine
-from megatron.config.parallel import validate_hpz
-from megatron.config.post_training import validate_post_training
-from megatron.config.rope_scaling import check_rope_scaling
+from megatron.config.groups.checkpointing import parse_checkpoint_keep
+from megatron.config.groups.logging import validate_profiling
+from megatron.config.groups.lr import check_cycle_keys
+from megatron.config.groups.moe import validate_moe
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
+from megatron.config.groups.parallel import validate_hpz
+from megatron.config.groups.post_training import validate_post_training
+from megatron.config.groups.rope_scaling import check_rope_scaling
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
-from megatron.config.torch_compile import validate_torch_compile
-from megatron.config.validate_data import validate_data
 
 
 def _validate_attention_variants(m, sources: dict[str, str]) -> None:

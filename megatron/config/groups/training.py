@@ -38,9 +38,10 @@ class TrainingConfig:
     """Evaluate on the test split at the end of training."""
 
     torch_compile: bool = False
-    """Compile each transformer layer with `torch.compile` (inductor: Triton kernels on a GPU,
-    C++ on a CPU) for training; the layers share one compiled graph, built on the first step.
-    Not a GPT-NeoX key. Same losses as eager up to float rounding, with either engine,
-    activation checkpointing, tensor/sequence parallelism and ZeRO (stage 3 gains little).
-    Refused with dropout, with the fused CUDA kernels and in bf16 on a CPU
-    (`megatron/config/torch_compile.py` says why). Generation, evaluation and export run eager."""
+    """Compile each transformer layer with `torch.compile` (inductor: Triton kernels on a GPU, C++
+    on a CPU) for training; the layers share one compiled graph, built on the first step. Not a
+    GPT-NeoX key. Same losses as eager up to float rounding, with either engine, activation
+    checkpointing, tensor/sequence parallelism and ZeRO (stage 3 gains little). Refused with
+    dropout, with the fused CUDA kernels and in bf16 on a CPU
+    (`megatron/config/checks/torch_compile.py` says why). Generation, evaluation and export run
+    eager."""

@@ -76,7 +76,7 @@ class ModelConfig:
     """RoPE scaling, as Hugging Face transformers' `rope_parameters` define it: `rope_type`
     `linear`, `dynamic` (NTK, from `max_position_embeddings` on), `yarn` or `llama3` with that
     rule's fields, e.g. `{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 2048}`
-    (`megatron/config/rope_scaling.py` lists them). Null: unscaled."""
+    (`megatron/config/groups/rope_scaling.py` lists them). Null: unscaled."""
 
     no_weight_tying: bool = False
     """Untie the input embedding and the output head (separate weights)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
 from megatron.config.loader import Setting
-from megatron.config.neox_keys import (
+from megatron.config.neox.keys import (
     DERIVED_IN_NEOX,
     DERIVED_MUST_AGREE,
     GATES,
