@@ -24,7 +24,7 @@ TORCH := $(shell grep -E '^torch==' requirements/requirements.txt)
 
 REQ := requirements
 TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/requirements-build.txt \
-	$(REQ)/requirements-data.txt setup.py
+	$(REQ)/requirements-data.txt setup.py tools/build_deepspeed_ops.py
 TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
 	$(REQ)/requirements-wandb.txt $(REQ)/requirements-eval.txt
 
@@ -52,6 +52,7 @@ define install_into_env
 	$(PIP) install -r $(REQ)/requirements-build.txt -r $(1)
 	$(PIP) install --no-deps -r $(REQ)/requirements-data.txt
 	$(PIP) install --no-build-isolation -e .
+	$(PY) tools/build_deepspeed_ops.py
 	touch $@
 endef
 

@@ -17,12 +17,17 @@ import torch.distributed as dist
 
 def initialize_distributed(cfg):
     """Join (or reuse) the process group and build the `ParallelTopology`."""
+    from megatron.kernels.build_locks import watch_lock_waits
+    from megatron.kernels.deepspeed_ops import announce_jit_builds
     from megatron.launcher import init_distributed, setup_distributed_env
     from megatron.launcher.peers import record_peers
     from megatron.parallel import ParallelTopology
 
     if not (dist.is_available() and dist.is_initialized()):
         setup_distributed_env(cfg.launcher)
+    # before DeepSpeed compiles an op it was installed without (the shm all-reduce on a CPU)
+    announce_jit_builds(needs_cpu_adam=cfg.optimizer.optimizer_type == "CPU_Adam")
+    watch_lock_waits()  # a wait on a build lock says so, naming the file
     init_distributed(
         cfg.parallel.distributed_backend,
         timeout_minutes=cfg.parallel.distributed_timeout_minutes,

@@ -1,3 +1,10 @@
 """The modules whose checks `run_preflight` runs; importing one registers its checks."""
 
-from megatron.preflight import checkpoints, datasets, disk, hosts, tokenizer  # noqa: F401
+from megatron.preflight import (  # noqa: F401
+    build_locks,
+    checkpoints,
+    datasets,
+    disk,
+    hosts,
+    tokenizer,
+)
