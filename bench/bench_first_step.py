@@ -49,6 +49,13 @@ def first_step_seconds(python: str, configs: list[str], work: Path) -> tuple[flo
     return seconds, built
 
 
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable)
@@ -64,7 +71,7 @@ def main(argv=None) -> int:
         "configs": args.configs,
         "seconds_to_first_iteration": round(seconds, 1),
         "compiled_at_run_time": built,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     print(f"{args.label}: first iteration after {seconds:.1f} s; compiled: {built or 'nothing'}")
