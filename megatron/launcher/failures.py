@@ -16,7 +16,9 @@ Three kinds of record:
 * `BUG`: any other exception; the worker prints its traceback on the console as usual.
 * `COLLATERAL`: an exception on a rank after another rank had already recorded a failure
   (typically a collective broken because that rank exited); printed by nobody, since it
-  would only bury the first failure.
+  would only bury the first failure. `read_failures` also counts as collateral a rank's
+  lost contact with a peer (`LOST_PEER`) when some other rank recorded a failure of its own:
+  the peer went because of that failure, whichever rank's record reached the folder first.
 
 Without the folder (a multi-node launch whose launching machine does not see the workers'
 file system, `preflight_shared_fs: false`), each worker prints `rank N: <message>` itself.
@@ -34,6 +36,7 @@ from pathlib import Path
 ERRORS_DIR_FLAG = "--errors_dir"
 USER_ERROR_EXIT = 2  # the status deepy.py gives a config refused before launch, too
 USER, BUG, COLLATERAL = "user", "bug", "collateral"
+LOST_PEER = "LostPeerError"  # the error of megatron/launcher/peers.py, named (torch not imported)
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,13 @@ def write_failure(folder: str, failure: Failure, traceback_text: str) -> Failure
 
 
 def read_failures(folder: str) -> list[Failure]:
-    """Every record in `folder`, by rank."""
+    """Every record in `folder`, by rank; a lost peer is collateral beside another failure."""
     records = [Failure(**json.loads(p.read_text())) for p in Path(folder).glob("*.json")]
+    if any(f.kind != COLLATERAL and f.error != LOST_PEER for f in records):
+        records = [
+            Failure(**{**asdict(f), "kind": COLLATERAL}) if f.error == LOST_PEER else f
+            for f in records
+        ]
     return sorted(records, key=lambda f: (f.rank is None, f.rank or 0))
 
 

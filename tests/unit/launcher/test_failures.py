@@ -15,6 +15,7 @@ from megatron.launcher.failures import (
     BUG,
     COLLATERAL,
     ERRORS_DIR_FLAG,
+    LOST_PEER,
     USER,
     USER_ERROR_EXIT,
     Failure,
@@ -57,6 +58,28 @@ def test_verbose_prints_one_traceback_per_message(tmp_path):
     lines = failure_report(read_failures(str(tmp_path)), str(tmp_path), verbose=True)
     assert "\n".join(lines).count("Traceback") == 1
     assert lines[-1] == "error on ranks 0-1: bad value"
+
+
+def test_a_lost_peer_beside_another_failure_is_collateral_whoever_wrote_first(tmp_path):
+    from megatron.launcher.peers import LostPeerError
+
+    assert LOST_PEER == LostPeerError.__name__
+    record(tmp_path, 0, USER, "lost contact with another rank", LOST_PEER)  # before rank 1's
+    record(tmp_path, 1, BUG, "boom", "RuntimeError")
+    failures = read_failures(str(tmp_path))
+    assert [(f.rank, f.kind) for f in failures] == [(0, COLLATERAL), (1, BUG)]
+    assert exit_status(failures, 1) == 1
+    assert failure_report(failures, str(tmp_path), verbose=False)[0] == (
+        "rank 1 failed (traceback above)"
+    )
+
+
+def test_lost_peers_alone_are_the_message(tmp_path):
+    for rank in range(2):
+        record(tmp_path, rank, USER, "lost contact with rank 2 on node2 (10.0.0.2)", LOST_PEER)
+    failures = read_failures(str(tmp_path))
+    assert [f.kind for f in failures] == [USER, USER]
+    assert exit_status(failures, 1) == USER_ERROR_EXIT
 
 
 def test_a_bug_keeps_the_runner_status_and_collateral_ranks_are_one_line(tmp_path):
