@@ -102,11 +102,13 @@ def sbatch_wait(cluster, folder: Path, command: list[str], *options: str) -> Job
     return Job(done.returncode, f"{done.stdout}{done.stderr}\n{text}")
 
 
-def wait_for(ready, timeout: float, what: str, proc=None) -> None:
+def wait_for(ready, timeout: float, what: str, proc=None, describe=None) -> None:
+    """Poll `ready` until true; fail past `timeout`, saying what `describe()` sees then."""
     deadline = time.monotonic() + timeout
     while not ready():
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"the run ended before {what}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout:.0f} s")
+            seen = f"\n{describe()}" if describe is not None else ""
+            pytest.fail(f"no {what} within {timeout:.0f} s{seen}")
         time.sleep(0.1)

@@ -84,6 +84,14 @@ def _finished_starting_it_now(cluster, job: str) -> bool:
     return state.startswith("COMPLETED")
 
 
+def _job_story(cluster, job: str, out: Path) -> str:
+    """The job's state, SLURM's record of it and the end of its output, for a failure."""
+    shown = cluster.run("node1", ["scontrol", "show", "job", job]).stdout
+    text = out.read_text() if out.exists() else "(no output file)"
+    logs = cluster._logs()[-6000:]
+    return f"state: {_state(cluster, job)!r}\n{shown}\n--- {out}:\n{text[-6000:]}\n{logs}"
+
+
 def test_a_preempted_job_saves_requeues_itself_and_resumes_exactly(cluster, reference, tmp_path):
     config = run_config(tmp_path, num_workers=2)
     deepy = deepy_argv(config, REPO / "configs" / "slurm.yml", "--set", "num_gpus=1")
@@ -108,7 +116,10 @@ def test_a_preempted_job_saves_requeues_itself_and_resumes_exactly(cluster, refe
     stopped_in = time.monotonic() - signalled
     saved = _latest_step(tmp_path)
     assert 3 <= saved < ITERS and stopped_in < 60, (saved, stopped_in)
-    wait_for(lambda: _finished_starting_it_now(cluster, job), TIMEOUT, "the requeued job's end")
+    wait_for(
+        lambda: _finished_starting_it_now(cluster, job), TIMEOUT, "the requeued job's end",
+        describe=lambda: _job_story(cluster, job, out),
+    )  # fmt: skip
     text = out.read_text()
     assert f"stopped early at iteration {saved} of {ITERS}" in text
     assert f"starting at {saved}" in text and f"finished at iteration {ITERS}" in text
