@@ -1,6 +1,6 @@
 """The runs the cluster tests launch, and how their results are read.
 
-One config for every launcher: the tiny character model of `tests/unit/training/tiny_run.py`
+One config for every launcher: the tiny character model of `tests/tiny.py`
 without dropout, `ITERS` iterations, one CPU thread per rank (the nodes share this machine's
 two cores). `reference` (conftest) trains it on 2 local ranks; every launch must repeat its
 losses within 1e-5.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 REPO = Path(__file__).resolve().parents[2]
 ITERS = 40  # long enough for a signal to land mid-run

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from megatron.config.bundle import BUNDLE_FLAG
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -26,7 +26,7 @@ import torch
 from megatron.checkpoint.folders import COMPLETE, list_checkpoints, read_latest
 from megatron.checkpoint.safe_load import load_file
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from megatron.checkpoint.size import checkpoint_size
 from megatron.checkpoint_tools import ModelSchema, write_checkpoint
 from megatron.model import ModelArgs
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 
 from megatron.checkpoint.folders import list_checkpoints, read_latest
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

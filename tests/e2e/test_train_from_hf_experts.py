@@ -28,7 +28,7 @@ def test_training_from_an_imported_ep2_mixtral_loads_each_ranks_experts(tmp_path
     from tools import convert_from_hf
 
     config = transformers.MixtralConfig(
-        vocab_size=512,  # the character tokenizer's (tiny_run.py)
+        vocab_size=512,  # the character tokenizer's (tests/tiny.py)
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,

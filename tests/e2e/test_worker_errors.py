@@ -21,7 +21,7 @@ import pytest
 
 from megatron.launcher.failures import USER_ERROR_EXIT, read_failures
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import char_corpus, tiny_settings
+from tests.tiny import char_corpus, tiny_settings
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 
 from megatron.checkpoint.folders import PERMANENT, read_latest
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 

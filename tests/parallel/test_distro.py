@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from tests.distributed import run_distributed
+from tests.tiny import resolve, tiny_settings
 from tests.unit.training.test_distro import assert_matches_reference, reference_steps
-from tests.unit.training.tiny_run import resolve, tiny_settings
 
 SETTINGS = dict(lr=0.01, wd=0.1, decay=0.9, chunk=4, topk=3, one_bit=True)
 SHAPES = [(8, 12), (12,)]

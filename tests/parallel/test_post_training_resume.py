@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import WORDS, resolve, tiny_settings
+from tests.tiny import WORDS, resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 

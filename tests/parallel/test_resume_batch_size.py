@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 from megatron.checkpoint.folders import list_checkpoints, read_latest
 from megatron.data import train_samples_per_epoch
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 pytestmark = pytest.mark.slow
 

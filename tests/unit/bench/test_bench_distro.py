@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import char_corpus
+from tests.tiny import char_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # two tiny runs on 2 ranks

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import char_corpus
+from tests.tiny import char_corpus
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # one tiny engine and the plain loop on one rank

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 
 @pytest.fixture(scope="module")

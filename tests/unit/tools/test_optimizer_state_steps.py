@@ -15,7 +15,7 @@ from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.checkpoint_tools.stages import optimizer_parameter_names, stage_bounds
 from megatron.model import ModelArgs
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 
 def test_a_shared_zero_group_step_becomes_one_count_per_parameter(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from megatron.config.schema import ConfigError
 from megatron.training.optim import Distro
 from megatron.training.optim.optimizers import build_optimizer_from_config
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 PSYCHE = {  # Psyche's `[model.LLM.optimizer.Distro]` section
     "lr": 4.0e-4,

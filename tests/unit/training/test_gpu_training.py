@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.distributed import free_port
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings
 
 pytestmark = [
     pytest.mark.gpu,

@@ -265,8 +265,8 @@ def test_trainer_logs_the_cycled_lr(tmp_path):
     from pathlib import Path
 
     from tests.distributed import run_distributed
+    from tests.tiny import tiny_settings
     from tests.unit.training.test_lr_neox import _train_one_rank
-    from tests.unit.training.tiny_run import tiny_settings
 
     settings = tiny_settings(
         tmp_path, train_iters=12, lr_cycles=[6], warmup=2, lr_rewarmup=2, min_lr=MIN,

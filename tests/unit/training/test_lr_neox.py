@@ -184,7 +184,7 @@ def test_run_length_known_at_run_time_is_derived_like_neox(make_config):
 
 def _train_one_rank(rank, world_size, settings):
     from megatron.training import pretrain
-    from tests.unit.training.tiny_run import resolve
+    from tests.tiny import resolve
 
     pretrain(resolve(settings, world_size))
 
@@ -195,7 +195,7 @@ def test_trainer_logs_neox_lr(tmp_path, style):
     """A real run (one gloo rank, pipeline engine): the `lr` of every metrics.jsonl record is
     NeoX's LR after that many steps."""
     from tests.distributed import run_distributed
-    from tests.unit.training.tiny_run import tiny_settings
+    from tests.tiny import tiny_settings
 
     settings = tiny_settings(
         tmp_path, train_iters=12, lr_decay_iters=9, warmup=0.3, min_lr=5.0e-4,

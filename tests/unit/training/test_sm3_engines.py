@@ -20,7 +20,7 @@ import torch
 
 from megatron.config.schema import ConfigError
 from tests.distributed import run_distributed
-from tests.unit.training.tiny_run import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings
 
 SM3 = {"type": "SM3", "params": {"lr": 0.05}}
 FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8}
