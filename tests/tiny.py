@@ -1,10 +1,18 @@
-"""Tiny training runs for the multi-process and end-to-end training tests.
+"""The tiny runs the tests build: the one definition of their configs.
 
-`char_corpus()` writes (once per machine, atomically) a small character-level corpus in the
-`.bin/.idx` format: made-up sentences, byte tokens, `CharLevelTokenizer` (vocab 512), so the
-model is small and fast (no 50k-row embedding). `tiny_settings(folder, **changes)` gives the
-flat config keys of a 2-layer, 64-wide model over it; `resolve(settings, world_size)` the
-resolved config.
+Every run here is the same small model (`MODEL`: 2 layers, 64 wide, 4 heads, 32 tokens) over a
+small vocabulary (no 50k-row embedding), so a test spends its time on what it checks.
+
+- `char_corpus()`: made-up sentences in byte tokens for `CharLevelTokenizer` (vocabulary
+  `CHAR_VOCAB`), a `.bin/.idx` pair built once per machine under the temp folder (the writer
+  finishes atomically).
+- `tiny_settings(folder, **changes)`: the flat config keys of a training run over the character
+  corpus writing under `folder`; `resolve(settings, world_size)` resolves them as `deepy.py`
+  would.
+- `tiny_config(**changes)`: a resolved config of the model with no data and no folders, for
+  unit tests of what reads a config (LR schedules, optimizers, checkpoint policy, loggers).
+- `BARE`: the model and a 2-step batch and nothing else, for the pre-flight tests, which add
+  exactly what they check.
 """
 
 from __future__ import annotations
@@ -16,10 +24,20 @@ import numpy as np
 
 from megatron.config import config_from_dict
 
+CHAR_VOCAB = 512  # CharLevelTokenizer's
 WORDS = (
     "the king and queen of a far land rode out at dawn to see the sea where ships "
     "of many colours sailed home with bread wine and tales of old wars"
 ).split()
+
+MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32)
+BARE = dict(MODEL, max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2)
+_CONFIG = dict(  # tiny_config's
+    MODEL,
+    train_micro_batch_size_per_gpu=2,
+    train_iters=200,
+    optimizer={"type": "Adam", "params": {"lr": 1.0e-3}},
+)
 
 
 def char_corpus() -> str:
@@ -45,10 +63,7 @@ def tiny_settings(folder, **changes) -> dict:
     settings = dict(
         pipe_parallel_size=1,
         model_parallel_size=1,
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        seq_length=32,
+        **MODEL,
         max_position_embeddings=32,
         pos_emb="rotary",
         hidden_dropout=0.1,  # dropout on: resume must replay the RNG exactly
@@ -79,4 +94,10 @@ def tiny_settings(folder, **changes) -> dict:
 
 
 def resolve(settings: dict, world_size: int):
-    return config_from_dict(settings, world_size=world_size, vocab_size=512)
+    """The resolved config of `settings` on `world_size` ranks."""
+    return config_from_dict(settings, world_size=world_size, vocab_size=CHAR_VOCAB)
+
+
+def tiny_config(*, world_size: int = 1, vocab_size: int = 100, **changes):
+    """A resolved config of the tiny model without data; `changes` are flat config keys."""
+    return config_from_dict({**_CONFIG, **changes}, vocab_size=vocab_size, world_size=world_size)

@@ -16,12 +16,9 @@ from megatron.config import config_from_dict
 from megatron.model import ModelArgs
 from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.preflight import checkpoints as check
+from tests.tiny import BARE
 
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-    tokenizer_type="CharLevelTokenizer", pos_emb="rotary", pipe_parallel_size=1,
-)  # fmt: skip
+TINY = dict(BARE, tokenizer_type="CharLevelTokenizer", pos_emb="rotary", pipe_parallel_size=1)
 
 
 def config(world_size=1, **keys):

@@ -13,13 +13,10 @@ import pytest
 
 from megatron.config import config_from_dict
 from megatron.preflight import ERROR, OK, run_preflight
+from tests.tiny import BARE
 from tests.unit.preflight.files import HF_TOKENIZER, big_vocab_tokenizer, write_pair
 
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-    tokenizer_type="HFTokenizer", vocab_file=str(HF_TOKENIZER),
-)  # fmt: skip
+TINY = dict(BARE, tokenizer_type="HFTokenizer", vocab_file=str(HF_TOKENIZER))
 
 
 def findings(script="train.py", shared_fs=True, **keys):

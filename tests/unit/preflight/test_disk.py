@@ -20,12 +20,9 @@ from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.disk_space import CheckpointSaveError
 from megatron.training.optim.optimizers import build_optimizer
 from tests.distributed import run_distributed
+from tests.tiny import BARE
 
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-    tokenizer_type="CharLevelTokenizer",
-)  # fmt: skip
+TINY = dict(BARE, tokenizer_type="CharLevelTokenizer")
 PYTHIA_160M = dict(
     num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=2048,
     max_position_embeddings=2048, pos_emb="rotary", no_weight_tying=True,

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from megatron.config import config_from_dict
 from megatron.preflight import ERROR, OK, run_preflight
+from tests.tiny import BARE
 
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-    tokenizer_type="CharLevelTokenizer",
-)  # fmt: skip
+TINY = dict(BARE, tokenizer_type="CharLevelTokenizer")
 
 
 def host_findings(shared_fs=True, **keys):

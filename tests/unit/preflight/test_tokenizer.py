@@ -7,16 +7,12 @@ from __future__ import annotations
 from megatron.config import config_from_dict
 from megatron.preflight import ERROR, OK, run_preflight
 from megatron.preflight.tokenizer import load_tokenizer
+from tests.tiny import BARE
 from tests.unit.preflight.files import HF_TOKENIZER
-
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-)  # fmt: skip
 
 
 def tokenizer_findings(script="generate.py", **keys):
-    cfg = config_from_dict({**TINY, **keys}, world_size=1, vocab_size=500)
+    cfg = config_from_dict({**BARE, **keys}, world_size=1, vocab_size=500)
     return [f for f in run_preflight(cfg, script) if f.check == "tokenizer"]
 
 
@@ -28,7 +24,7 @@ def test_loads_and_reports_the_vocabulary():
 
 def test_loaded_once_per_process():
     cfg = config_from_dict(
-        {**TINY, "tokenizer_type": "HFTokenizer", "vocab_file": str(HF_TOKENIZER)},
+        {**BARE, "tokenizer_type": "HFTokenizer", "vocab_file": str(HF_TOKENIZER)},
         world_size=1,
         vocab_size=500,
     )

@@ -17,7 +17,7 @@ import torch
 
 from megatron.training.objectives import OBJECTIVES, build_objective
 from megatron.training.setup.batches import BatchSettings
-from tests.unit.training.conftest import tiny_config
+from tests.tiny import tiny_config
 
 V = 11
 

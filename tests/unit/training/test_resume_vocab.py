@@ -12,9 +12,9 @@ import json
 import pytest
 
 from megatron.checkpoint.folders import CONFIG_FILE, write_latest
-from megatron.config import config_from_dict, kept_padded_vocab
+from megatron.config import kept_padded_vocab
 from megatron.training.setup.resume_vocab import with_checkpoint_vocab
-from tests.unit.training.conftest import TINY
+from tests.tiny import tiny_config
 
 
 def neox_padding(vocab: int, divisible_by: int, tp: int) -> int:
@@ -43,8 +43,8 @@ def test_a_checkpoints_padding_is_kept_where_the_layout_holds_it(saved, divisibl
 
 
 def config(tmp_path, tp: int, **keys):
-    settings = {**TINY, "model_parallel_size": tp, "load": str(tmp_path), **keys}
-    return config_from_dict(settings, world_size=tp, vocab_size=50257)
+    changes = {"model_parallel_size": tp, "load": str(tmp_path), **keys}
+    return tiny_config(world_size=tp, vocab_size=50257, **changes)
 
 
 def save_config(tmp_path, cfg, tag="global_step3"):

@@ -23,7 +23,7 @@ from megatron.checkpoint.safe_load import (
 )
 from megatron.checkpoint_tools import CheckpointReader
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO, rng_state
-from tests.unit.training.conftest import tiny_config
+from tests.tiny import tiny_config
 from tests.unit.training.test_checkpointing import FakeEngine
 
 

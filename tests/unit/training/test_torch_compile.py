@@ -18,7 +18,7 @@ import torch
 from megatron.config.schema import ConfigError
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES
 from megatron.training.setup.model import build_model_for_engine
-from tests.unit.training.conftest import tiny_config
+from tests.tiny import tiny_config
 
 PLAIN = dict(pipe_parallel_size=0, hidden_dropout=0.0, attention_dropout=0.0)
 
