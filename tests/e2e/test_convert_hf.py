@@ -15,7 +15,8 @@ import json
 import pytest
 import torch
 
-from tests.unit.tools.tiny_checkpoints import MAX_NEW, PROBE, PROMPTS, TOKENIZER, VOCAB, trained
+from tests.tiny import HF_TOKENIZER, HF_VOCAB
+from tests.unit.tools.tiny_checkpoints import MAX_NEW, PROBE, PROMPTS, trained
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -47,14 +48,14 @@ def test_export_of_a_tp2_pp2_run_matches_transformers(arch, tmp_path, capsys):
     assert float(verified.split()[0]) < 1e-5
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [HF_CLASSES[arch]]
-    assert (out / "tokenizer.json").read_bytes() == TOKENIZER.read_bytes()
+    assert (out / "tokenizer.json").read_bytes() == HF_TOKENIZER.read_bytes()
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tokens = torch.tensor(PROBE)
     with torch.no_grad():
         logits = hf(input_ids=tokens).logits
     # The export keeps the padded rows (as Pythia's do); ours stop at the tokenizer's vocabulary.
-    torch.testing.assert_close(logits[..., :VOCAB], run["logits"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[..., :HF_VOCAB], run["logits"], rtol=1e-5, atol=1e-5)
 
     with torch.no_grad():
         generated = hf.generate(
@@ -63,7 +64,7 @@ def test_export_of_a_tp2_pp2_run_matches_transformers(arch, tmp_path, capsys):
             do_sample=False,
             eos_token_id=None,
             pad_token_id=0,
-            suppress_tokens=list(range(VOCAB, hf.config.vocab_size)),  # ours never picks them
+            suppress_tokens=list(range(HF_VOCAB, hf.config.vocab_size)),  # ours never picks them
         )
     assert generated[:, len(PROMPTS[0]) :].tolist() == run["tokens_recompute=False"]
     assert run["tokens_recompute=True"] == run["tokens_recompute=False"]
@@ -75,7 +76,7 @@ def test_export_of_a_tp2_pp2_run_matches_transformers(arch, tmp_path, capsys):
 def _ours_tokenize(text: str) -> list[int]:
     from megatron.data.tokenizers import make_tokenizer
 
-    return make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER)).tokenize(text)
+    return make_tokenizer("HFTokenizer", vocab_file=str(HF_TOKENIZER)).tokenize(text)
 
 
 def _random_hf_model(arch: str):
@@ -129,7 +130,7 @@ LLAMA_LIKE = {
 def test_hf_to_ours_to_hf_is_lossless(arch, tmp_path):
     source = tmp_path / "hf"
     _random_hf_model(arch).save_pretrained(source)
-    (source / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
+    (source / "tokenizer.json").write_bytes(HF_TOKENIZER.read_bytes())
     ours, back = tmp_path / "ours", tmp_path / "back"
     convert_from_hf(
         "--hf", str(source), "--output", str(ours),
@@ -145,7 +146,7 @@ def test_hf_to_ours_to_hf_is_lossless(arch, tmp_path):
     assert sorted(converted) == sorted(original)
     for name, tensor in original.items():
         assert torch.equal(converted[name], tensor), name
-    assert (back / "tokenizer.json").read_bytes() == TOKENIZER.read_bytes()
+    assert (back / "tokenizer.json").read_bytes() == HF_TOKENIZER.read_bytes()
     before = json.loads((source / "config.json").read_text())
     after = json.loads((back / "config.json").read_text())
     for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "tie_word_embeddings"):

@@ -13,7 +13,8 @@ import pytest
 
 from tests.distributed import free_port
 from tests.e2e.test_generate_deepy import deepy
-from tests.unit.tools.tiny_checkpoints import REPO, VOCAB, trained
+from tests.tiny import HF_VOCAB, REPO
+from tests.unit.tools.tiny_checkpoints import trained
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -60,7 +61,7 @@ def test_eval_py_matches_lm_eval_on_the_exported_model(tmp_path, monkeypatch):
     assert ours["pipe_parallel_size"] == 2 and ours["model_parallel_size"] == 1
 
     hf_dir = tmp_path / "hf"
-    export = ["--checkpoint", str(step2), "--output", str(hf_dir), "--vocab-size", str(VOCAB)]
+    export = ["--checkpoint", str(step2), "--output", str(hf_dir), "--vocab-size", str(HF_VOCAB)]
     assert convert_to_hf.main(export) == 0
     theirs = _hf_results(hf_dir, monkeypatch)
     for metric in ("acc,none", "acc_norm,none"):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.distributed import free_port
-from tests.unit.tools.tiny_checkpoints import REPO, VOCAB, trained
+from tests.tiny import HF_VOCAB, REPO
+from tests.unit.tools.tiny_checkpoints import trained
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,7 +77,7 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(tmp_path):
                 torch.tensor([record["prompt_tokens"]]),
                 max_new_tokens=8,
                 do_sample=False,
-                suppress_tokens=list(range(VOCAB, hf.config.vocab_size)),
+                suppress_tokens=list(range(HF_VOCAB, hf.config.vocab_size)),
             )
         theirs = out[0, len(record["prompt_tokens"]) :].tolist()
         if theirs and theirs[-1] == hf.generation_config.eos_token_id:

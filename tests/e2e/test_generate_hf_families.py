@@ -20,14 +20,14 @@ import torch
 
 from tests.distributed import free_port
 from tests.e2e.test_generate_deepy import PROMPTS, deepy
-from tests.unit.tools.tiny_checkpoints import TOKENIZER, VOCAB
+from tests.tiny import HF_TOKENIZER, HF_VOCAB
 
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.slow
 NEW, WINDOW = 8, 4
 COMMON = dict(
-    vocab_size=VOCAB,
+    vocab_size=HF_VOCAB,
     hidden_size=32,
     num_hidden_layers=2,  # one per pipeline stage
     num_attention_heads=4,
@@ -61,7 +61,7 @@ def random_hf_model(family: str, folder):
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1.0 + 0.1 * noise if "norm" in name else 0.3 * noise)
     model.save_pretrained(folder)
-    (folder / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
+    (folder / "tokenizer.json").write_bytes(HF_TOKENIZER.read_bytes())
     return model
 
 
@@ -106,7 +106,7 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(family, tmp_pat
     records = [json.loads(line) for line in samples.read_text().splitlines()]
     assert [r["context"] for r in records] == PROMPTS
 
-    eod = make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER)).eod
+    eod = make_tokenizer("HFTokenizer", vocab_file=str(HF_TOKENIZER)).eod
     for record in records:
         prompt = record["prompt_tokens"]
         assert record["tokens"] == their_greedy_tokens(hf, prompt, eod), record["context"]
@@ -157,7 +157,7 @@ def test_mixtral_imported_at_expert_parallel_2_generates_transformers_greedy_tok
             leftover.unlink(missing_ok=True)
     records = [json.loads(line) for line in samples.read_text().splitlines()]
     assert [r["context"] for r in records] == PROMPTS
-    eod = make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER)).eod
+    eod = make_tokenizer("HFTokenizer", vocab_file=str(HF_TOKENIZER)).eod
     for record in records:
         prompt = record["prompt_tokens"]
         assert record["tokens"] == their_greedy_tokens(hf, prompt, eod), record["context"]

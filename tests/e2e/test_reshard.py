@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed import run_distributed
-from tests.unit.tools.tiny_checkpoints import ARCHS, probe_and_generate, resolve, trained
+from tests.tiny import HF_VOCAB, resolve
+from tests.unit.tools.tiny_checkpoints import ARCHS, probe_and_generate, trained
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def _probe_and_resume(rank, world_size, runs):
 
     out = {}
     for key, settings in runs.items():
-        cfg = resolve(settings, world_size)
+        cfg = resolve(settings, world_size, vocab_size=HF_VOCAB)
         probes = probe_and_generate(cfg, initialize_distributed(cfg))
         result = pretrain(cfg)
         out[key] = {"logits": probes["logits"], "losses": result.losses}

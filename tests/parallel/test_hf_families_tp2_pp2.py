@@ -19,10 +19,10 @@ import torch
 
 from tests.distributed import run_distributed
 from tests.e2e.test_generate_hf_families import FAMILIES, WINDOW, random_hf_model
-from tests.unit.tools.tiny_checkpoints import VOCAB
+from tests.tiny import HF_VOCAB
 
 pytestmark = pytest.mark.slow
-PROBE = torch.randint(0, VOCAB, (2, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
+PROBE = torch.randint(0, HF_VOCAB, (2, 3 * WINDOW), generator=torch.Generator().manual_seed(5))
 
 
 def _split_logits(rank, world_size, snippets):
@@ -34,8 +34,8 @@ def _split_logits(rank, world_size, snippets):
     positions = torch.arange(PROBE.shape[1]).expand_as(PROBE)
     for family, snippet in snippets.items():
         settings = {**json.loads(snippet.read_text()), "train_micro_batch_size_per_gpu": 1}
-        cfg = config_from_dict(settings, world_size=world_size, vocab_size=VOCAB)
-        model = InferenceModel.from_config(cfg, initialize_distributed(cfg), vocab_size=VOCAB)
+        cfg = config_from_dict(settings, world_size=world_size, vocab_size=HF_VOCAB)
+        model = InferenceModel.from_config(cfg, initialize_distributed(cfg), vocab_size=HF_VOCAB)
         logits = model.forward(PROBE, positions)  # None before the last stage
         out[family] = None if logits is None else logits.float()
     return out

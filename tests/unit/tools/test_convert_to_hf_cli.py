@@ -19,8 +19,8 @@ from megatron.checkpoint_tools import ModelSchema, write_checkpoint
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS
 from megatron.config import config_from_dict
 from megatron.model import ModelArgs
+from tests.tiny import HF_TOKENIZER, HF_VOCAB, REPO
 from tests.unit.tools.test_hf_export import random_state
-from tests.unit.tools.tiny_checkpoints import REPO, TOKENIZER, VOCAB
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -35,10 +35,10 @@ def checkpoint(folder: Path, **model_keys) -> Path:
         rotary_pct=0.5,
         gpt_j_residual=True,
         tokenizer_type="HFTokenizer",
-        vocab_file=str(TOKENIZER),
+        vocab_file=str(HF_TOKENIZER),
         **RECORD_DEFAULTS,
     )
-    cfg = config_from_dict({**keys, **model_keys}, vocab_size=VOCAB)
+    cfg = config_from_dict({**keys, **model_keys}, vocab_size=HF_VOCAB)
     args = ModelArgs.from_config(cfg)
     write_checkpoint(
         folder,

@@ -21,8 +21,8 @@ from megatron.config import config_from_dict
 from megatron.model import ModelArgs, build_gpt, load_full_state_dict
 from megatron.training.objectives.rm import RewardModel, sequence_rewards
 from megatron.training.setup.batches import BatchSettings
+from tests.tiny import HF_TOKENIZER, HF_VOCAB
 from tests.unit.tools.test_hf_export import random_state
-from tests.unit.tools.tiny_checkpoints import TOKENIZER, VOCAB
 
 transformers = pytest.importorskip("transformers")
 
@@ -59,11 +59,11 @@ def reward_config(family_keys):
         pos_train_label_data_paths=["prefs_text_pos_label_document"],
         neg_train_label_data_paths=["prefs_text_neg_label_document"],
         tokenizer_type="HFTokenizer",
-        vocab_file=str(TOKENIZER),
+        vocab_file=str(HF_TOKENIZER),
         **RECORD_DEFAULTS,
     )
     keys.update(family_keys)  # the family's keys (or a test's changes) win
-    return config_from_dict(keys, vocab_size=VOCAB)
+    return config_from_dict(keys, vocab_size=HF_VOCAB)
 
 
 def reward_checkpoint(folder, family_keys):
@@ -89,7 +89,7 @@ def for_rm_samples(eod: int, lengths, gen):
     text = torch.full((n, SEQ + 1), eod, dtype=torch.long)
     label = torch.full((n, SEQ + 1), -100, dtype=torch.long)
     for i, length in enumerate(lengths):
-        body = torch.randint(0, VOCAB - 1, (length,), generator=gen)
+        body = torch.randint(0, HF_VOCAB - 1, (length,), generator=gen)
         text[i, :length] = torch.where(body >= eod, body + 1, body)
         label[i, length] = eod
     half = n // 2
@@ -114,7 +114,7 @@ def test_reward_model_exports_as_sequence_classification(tmp_path, hf_class, cap
     printed = capsys.readouterr().out
     assert f"exported {hf_class}" in printed and printed.rstrip().endswith(": ok")
 
-    eod = make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER)).eod
+    eod = make_tokenizer("HFTokenizer", vocab_file=str(HF_TOKENIZER)).eod
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32)
     assert type(hf).__name__ == hf_class
     assert hf.config.num_labels == 1 and hf.config.pad_token_id == eod
@@ -137,4 +137,4 @@ def test_generation_refuses_a_reward_model():
 
     cfg = reward_config(FAMILIES["LlamaForSequenceClassification"])
     with pytest.raises(ValueError, match="train_impl: rm builds a reward model"):
-        InferenceModel.from_config(cfg, None, "any/checkpoint", vocab_size=VOCAB)
+        InferenceModel.from_config(cfg, None, "any/checkpoint", vocab_size=HF_VOCAB)

@@ -16,8 +16,8 @@ from megatron.checkpoint_tools import CheckpointReader, ModelSchema, write_check
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS
 from megatron.config import config_from_dict
 from megatron.model import ModelArgs, build_gpt
+from tests.tiny import HF_TOKENIZER, HF_VOCAB
 from tests.unit.tools.test_hf_export import random_state
-from tests.unit.tools.tiny_checkpoints import TOKENIZER, VOCAB
 
 LM_KEYS = dict(
     num_layers=2,
@@ -29,7 +29,7 @@ LM_KEYS = dict(
     activation="swiglu",
     no_weight_tying=True,
     tokenizer_type="HFTokenizer",
-    vocab_file=str(TOKENIZER),
+    vocab_file=str(HF_TOKENIZER),
     seed=3,
     **RECORD_DEFAULTS,
 )
@@ -47,7 +47,7 @@ RM_KEYS = dict(
 
 
 def lm_checkpoint(folder):
-    cfg = config_from_dict(LM_KEYS, vocab_size=VOCAB)
+    cfg = config_from_dict(LM_KEYS, vocab_size=HF_VOCAB)
     args = ModelArgs.from_config(cfg)
     state = random_state(args)
     write_checkpoint(

@@ -19,15 +19,15 @@ from megatron.data.tokenizers import make_tokenizer
 from megatron.inference import InferenceModel, SamplingSettings, generate
 from megatron.model import build_gpt
 from megatron.parallel import ParallelTopology
+from tests.tiny import HF_TOKENIZER, HF_VOCAB
 from tests.unit.model.tiny import neox_args
-from tests.unit.tools.tiny_checkpoints import TOKENIZER, VOCAB
 
 PADDED = 512
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return make_tokenizer("HFTokenizer", vocab_file=str(TOKENIZER))
+    return make_tokenizer("HFTokenizer", vocab_file=str(HF_TOKENIZER))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def module():
     table = params["tied_modules.embed.word_embeddings.weight"]  # (512, h)
     with torch.no_grad():
         params[f"{args.num_layers + 2}.norm.bias"].fill_(3.0)
-        table[VOCAB:] = 3.0  # padding rows: logit ~ 3 · sum(normed + 3) = 9 h, real ones ~ 0
+        table[HF_VOCAB:] = 3.0  # padding rows: logit ~ 3 · sum(normed + 3) = 9 h, real ones ~ 0
     return model
 
 
@@ -49,10 +49,10 @@ def inference_model(module, vocab_size: int) -> InferenceModel:
 
 
 def test_the_padding_rows_do_dominate_the_raw_logits(module):
-    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, HF_VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         raw = module(tokens, torch.arange(8).expand(2, 8))
-    assert raw.shape[-1] == PADDED and bool((raw.argmax(-1) >= VOCAB).all())
+    assert raw.shape[-1] == PADDED and bool((raw.argmax(-1) >= HF_VOCAB).all())
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_generation_never_chooses_a_padding_row(module, tokenizer, settings):
     chosen = SamplingSettings(maximum_tokens=8, eod=None, **settings)
     outputs = generate(model, prompts, chosen, generator=torch.Generator().manual_seed(1))
     tokens = [t for out in outputs for t in out.tokens]
-    assert len(tokens) == 24 and max(tokens) < VOCAB
+    assert len(tokens) == 24 and max(tokens) < HF_VOCAB
 
 
 def test_log_likelihoods_normalise_over_the_real_vocabulary(module, tokenizer):
@@ -83,7 +83,7 @@ def test_log_likelihoods_normalise_over_the_real_vocabulary(module, tokenizer):
     for (context, continuation), (logprob, greedy) in zip(pairs, scored):
         tokens = torch.tensor([(context + continuation)[:-1]])
         with torch.no_grad():
-            logits = module(tokens, torch.arange(tokens.shape[1])[None])[0, :, :VOCAB]
+            logits = module(tokens, torch.arange(tokens.shape[1])[None])[0, :, :HF_VOCAB]
         picked = logits.log_softmax(-1)[-len(continuation) :]  # (len(cont), 500)
         target = torch.tensor(continuation)
         expected = picked.gather(-1, target[:, None]).sum().item()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.distributed import run_distributed
-from tests.unit.tools.tiny_checkpoints import VOCAB, resolve, run_settings
+from tests.tiny import HF_VOCAB, arch_settings, resolve
 
 DOCS = [[5, 17, 230, 41, 99], [3] * 1, list(range(10, 50)), [61, 7, 7, 12, 300, 2, 45, 460, 8]]
 
@@ -24,11 +24,13 @@ def _precompute(rank, world_size, settings, prefix):
     from megatron.model import build_model
     from megatron.parallel.random import seed_everything
 
-    cfg = resolve(settings, world_size)
+    cfg = resolve(settings, world_size, vocab_size=HF_VOCAB)
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
     module = build_model(cfg, topology)  # the same seeded full weights on every rank
-    model = InferenceModel(module, module.args, topology, torch.device("cpu"), torch.float32, VOCAB)
+    model = InferenceModel(
+        module, module.args, topology, torch.device("cpu"), torch.float32, HF_VOCAB
+    )
     assert scored_prefixes(cfg.data) == [prefix]
     precompute_dataset(model, MMapIndexedDataset(prefix), f"{prefix}_ref", 32, 1, 0)
     if world_size > 1:
@@ -55,7 +57,7 @@ def test_written_logprobs_are_the_models_own_at_any_layout(tmp_path):
 
     prefix = str(tmp_path / "docs")
     write_dataset(prefix, DOCS)
-    settings = run_settings(tmp_path, "neox", tp=1, pp=1, load=None, save=None, data_path=prefix)
+    settings = arch_settings(tmp_path, "neox", tp=1, pp=1, load=None, save=None, data_path=prefix)
     (own,) = run_distributed(_precompute, 1, settings, prefix)
     alone = _written(prefix)
     for values, doc, expected in zip(alone, DOCS, own):

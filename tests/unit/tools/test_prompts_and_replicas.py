@@ -9,7 +9,7 @@ import pytest
 
 from megatron.inference.text import InputFile, Unconditional, prompt_source
 from tests.distributed import run_distributed
-from tests.unit.tools.tiny_checkpoints import resolve, run_settings
+from tests.tiny import HF_VOCAB, arch_settings, resolve
 
 
 def generation_cfg(**values):
@@ -45,7 +45,7 @@ def _replicas(rank, world_size, settings):
     from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
 
-    cfg = resolve(settings, world_size)
+    cfg = resolve(settings, world_size, vocab_size=HF_VOCAB)
     topology = initialize_distributed(cfg)
     module = build_model(cfg, topology)  # the same seeded weights on both replicas
     tokenizer = build_tokenizer(cfg)
@@ -69,7 +69,7 @@ def _replicas(rank, world_size, settings):
 
 
 def test_replicas_share_generation_and_scoring_and_rank0_reads_the_terminal(tmp_path):
-    settings = run_settings(tmp_path, "llama", tp=1, pp=1, load=None, save=None)
+    settings = arch_settings(tmp_path, "llama", tp=1, pp=1, load=None, save=None)
     for dp, shared, alone, scored, direct, typed in run_distributed(_replicas, 2, settings):
         assert dp == 2
         assert [r["context"] for r in shared] == [r["context"] for r in alone]
