@@ -17,10 +17,12 @@ small vocabulary (no 50k-row embedding), so a test spends its time on what it ch
   unit tests of what reads a config (LR schedules, optimizers, checkpoint policy, loggers).
 - `BARE`: the model and a 2-step batch and nothing else, for the pre-flight tests, which add
   exactly what they check.
+- `write_config(folder, settings)`: settings as the config file a `deepy.py` test launches.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -175,3 +177,14 @@ def resolve(settings: dict, world_size: int, vocab_size: int = CHAR_VOCAB):
 def tiny_config(*, world_size: int = 1, vocab_size: int = 100, **changes):
     """A resolved config of the tiny model without data; `changes` are flat config keys."""
     return config_from_dict({**_CONFIG, **changes}, vocab_size=vocab_size, world_size=world_size)
+
+
+def write_config(folder, settings: dict, name: str = "run.yml") -> Path:
+    """Write `settings` as the config file `folder/name` (JSON, which YAML reads)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(
+        json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
+    )
+    return path

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 ITERS = 40  # long enough for a signal to land mid-run
@@ -47,11 +47,7 @@ def run_config(folder: Path, **changes) -> Path:
         eval_interval=1000,
         master_port=rendezvous_port(),
     )
-    run.update({k: str(v) if isinstance(v, Path) else v for k, v in changes.items()})
-    settings = tiny_settings(folder, **run)
-    path = folder / "run.yml"
-    path.write_text(json.dumps(settings))
-    return path
+    return write_config(folder, tiny_settings(folder, **{**run, **changes}))
 
 
 def deepy_argv(config: Path, *more, script: Path = REPO / "train.py") -> list[str]:

@@ -9,7 +9,6 @@ and refusals before any worker starts: a missing optional package (with the pip 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from megatron.config.bundle import BUNDLE_FLAG
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -27,14 +26,10 @@ TIMEOUT = 300
 MARKER_WORKER = "import pathlib, sys\npathlib.Path(sys.argv[0]).with_suffix('.ran').touch()\n"
 
 
-def write_config(folder: Path, **changes) -> Path:
+def run_config(folder: Path, **changes) -> Path:
     """A tiny 4-iteration run (no master_port unless given) writing under `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    settings = tiny_settings(folder, train_iters=4, eval_interval=2, checkpoint_factor=4)
-    settings.update(changes)
-    path = folder / "run.yml"
-    path.write_text(json.dumps(settings))
-    return path
+    run = dict(train_iters=4, eval_interval=2, checkpoint_factor=4)
+    return write_config(folder, tiny_settings(folder, **{**run, **changes}))
 
 
 def deepy(script: str | Path, config: Path, *flags: str, env: dict | None = None):
@@ -68,7 +63,7 @@ DEEPSPEED_PRINTS = ("SEED_LAYERS", "built successfully", "Max_MA", "CPU Virtual 
 
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
     folder = tmp_path / "run"
-    proc = deepy("train.py", write_config(folder, **BF16))
+    proc = deepy("train.py", run_config(folder, **BF16))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO]" not in out and BUNDLE_FLAG not in out
@@ -86,7 +81,7 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     assert f"logs: {folder / 'logs' / 'metrics.jsonl'}" in summary
     port = int(out.split("master port ")[1].split()[0])
     assert port != 29500  # picked free, so it did not collide with the run holding 29500
-    config = write_config(folder, train_iters=5, use_checkpoint_lr_scheduler=True, **BF16)
+    config = run_config(folder, train_iters=5, use_checkpoint_lr_scheduler=True, **BF16)
     resumed = deepy("train.py", config)  # loads the bf16 optimizer's state
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0 and "starting at 4" in out, out[-4000:]
@@ -94,7 +89,7 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
 
 
 def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
-    config = write_config(tmp_path / "run", train_iters=1, **BF16)
+    config = run_config(tmp_path / "run", train_iters=1, **BF16)
     proc = deepy("train.py", config, "--verbose")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -117,7 +112,7 @@ def test_missing_optional_package_is_refused_before_launch(tmp_path, marker_work
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")
-    config = write_config(tmp_path / "run", tensorboard_dir=str(tmp_path / "tb"))
+    config = run_config(tmp_path / "run", tensorboard_dir=str(tmp_path / "tb"))
     env = {"PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
     proc = deepy(marker_worker, config, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -131,7 +126,7 @@ def test_taken_master_port_is_refused_before_launch(tmp_path, marker_worker):
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        config = write_config(tmp_path / "run", master_port=port)
+        config = run_config(tmp_path / "run", master_port=port)
         proc = deepy(marker_worker, config)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"master_port: {port} (set in {config}) is already in use" in proc.stderr

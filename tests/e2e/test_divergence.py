@@ -26,7 +26,7 @@ import torch
 from megatron.checkpoint.folders import COMPLETE, list_checkpoints, read_latest
 from megatron.checkpoint.safe_load import load_file
 from tests.distributed import free_port
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -48,8 +48,7 @@ def _deepy(folder: Path, **changes) -> subprocess.CompletedProcess:
         folder, master_port=free_port(), keep_last_n_checkpoints=1, eval_interval=0,
         do_test=False, **changes,
     )  # fmt: skip
-    config = folder / f"run{len(list(folder.glob('run*.yml')))}.yml"
-    config.write_text(json.dumps(settings))
+    config = write_config(folder, settings, name=f"run{len(list(folder.glob('run*.yml')))}.yml")
     return subprocess.run(
         [sys.executable, "deepy.py", "train.py", str(config)],
         cwd=REPO,

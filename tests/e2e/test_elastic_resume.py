@@ -30,7 +30,7 @@ import pytest
 
 from megatron.checkpoint.folders import read_latest, write_latest
 from tests.distributed import free_port
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +52,7 @@ COMMAND = re.compile(
 
 
 def _config(folder: Path, port: int, **changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "run.yml"
-    config.write_text(json.dumps(tiny_settings(folder, master_port=port, **{**RUN, **changes})))
-    return config
+    return write_config(folder, tiny_settings(folder, master_port=port, **{**RUN, **changes}))
 
 
 def _popen(config: Path) -> subprocess.Popen:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import free_port
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -29,13 +29,10 @@ INHERITED = (
 
 
 def _config(folder: Path, **changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     settings = tiny_settings(
         folder, train_iters=ITERS, eval_interval=100, save=None, load=None, **changes
     )
-    path = folder / "run.yml"
-    path.write_text(json.dumps(settings))
-    return path
+    return write_config(folder, settings)
 
 
 def _deepy(config: Path, **environ: str) -> subprocess.Popen:

@@ -6,7 +6,6 @@ the last complete checkpoint, whose size on disk is what the pre-flight estimate
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from megatron.checkpoint.size import checkpoint_size
 from megatron.checkpoint_tools import ModelSchema, write_checkpoint
 from megatron.model import ModelArgs
 from tests.distributed import free_port
-from tests.tiny import resolve, tiny_settings
+from tests.tiny import resolve, tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +30,7 @@ TOLERANCE = 0.10
 
 def deepy(folder: Path, **changes) -> subprocess.CompletedProcess:
     settings = tiny_settings(folder, master_port=free_port(), num_gpus=1, **changes)
-    config = folder / "run.yml"
-    config.write_text(json.dumps(settings))
+    config = write_config(folder, settings)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "deepy.py", "train.py", str(config)],

@@ -7,7 +7,6 @@ the same problems; `preflight_shared_fs: false` skips the file checks and says s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.tiny import BARE, write_config
 from tests.unit.preflight.files import big_vocab_tokenizer, write_pair
 
 pytestmark = pytest.mark.slow  # subprocesses, though none trains: about 3 s of CPU each
@@ -24,11 +24,7 @@ pytestmark = pytest.mark.slow  # subprocesses, though none trains: about 3 s of 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_BIN = REPO / "tests" / "e2e" / "fake_bin"
 MARKER_WORKER = "import pathlib, sys\npathlib.Path(sys.argv[0]).with_suffix('.ran').touch()\n"
-TINY = dict(
-    num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-    max_position_embeddings=32, train_iters=2, train_micro_batch_size_per_gpu=2,
-    tokenizer_type="CharLevelTokenizer",
-)  # fmt: skip
+TINY = dict(BARE, tokenizer_type="CharLevelTokenizer")
 
 
 def deepy(tmp_path: Path, settings: dict, *flags: str) -> subprocess.CompletedProcess:
@@ -36,8 +32,7 @@ def deepy(tmp_path: Path, settings: dict, *flags: str) -> subprocess.CompletedPr
     worker = tmp_path / "worker" / "train.py"
     worker.parent.mkdir(exist_ok=True)
     worker.write_text(MARKER_WORKER)
-    config = tmp_path / "run.yml"
-    config.write_text(json.dumps({**TINY, **settings}))
+    config = write_config(tmp_path, {**TINY, **settings})
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env.update(
         PYTHONPATH=str(REPO),

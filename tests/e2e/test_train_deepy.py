@@ -17,7 +17,7 @@ import pytest
 
 from megatron.checkpoint.folders import list_checkpoints, read_latest
 from tests.distributed import free_port
-from tests.tiny import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -25,10 +25,7 @@ TIMEOUT = 300
 
 
 def _write_config(folder: Path, **changes) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "run.yml"
-    path.write_text(json.dumps(tiny_settings(folder, master_port=free_port(), **changes)))
-    return path
+    return write_config(folder, tiny_settings(folder, master_port=free_port(), **changes))
 
 
 def _deepy(config: Path) -> subprocess.Popen:

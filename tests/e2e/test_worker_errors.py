@@ -10,7 +10,6 @@ every rank's traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 
 from megatron.launcher.failures import USER_ERROR_EXIT, read_failures
 from tests.distributed import free_port
-from tests.tiny import char_corpus, tiny_settings
+from tests.tiny import char_corpus, tiny_settings, write_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -31,13 +30,11 @@ TIMEOUT = 600  # under load, a shared 2-core machine takes minutes
 
 def deepy(script: str | Path, folder: Path, *flags: str, **changes):
     """Run `deepy.py script` on a tiny run config under `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
     settings = tiny_settings(
         folder, train_iters=2, eval_interval=0, do_test=False, load=None,
         master_port=free_port(), **changes,
     )  # fmt: skip
-    config = folder / "run.yml"
-    config.write_text(json.dumps(settings))
+    config = write_config(folder, settings)
     return subprocess.run(
         [sys.executable, "deepy.py", str(script), str(config), *flags],
         cwd=REPO,
