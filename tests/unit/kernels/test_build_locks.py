@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from torch.utils.file_baton import FileBaton
 
 from megatron.kernels.build_locks import STALE_AFTER, lock_findings, watch_lock_waits
 from megatron.kernels.deepspeed_ops import OPS_BY_ACCELERATOR, accelerator, missing_ops
-from tests.unit.training.tiny_run import tiny_settings
+from tests.tiny import tiny_settings, write_config
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD = """
@@ -54,8 +53,7 @@ def _killed_build(extensions: Path) -> Path:
 def test_the_next_launch_clears_the_lock_a_killed_build_left(tmp_path):
     extensions = tmp_path / "extensions"
     lock = _killed_build(extensions)
-    config = tmp_path / "run.yml"
-    config.write_text(json.dumps(tiny_settings(tmp_path, num_gpus=1)))
+    config = write_config(tmp_path, tiny_settings(tmp_path, num_gpus=1))
     done = subprocess.run(
         [sys.executable, "deepy.py", "train.py", str(config), "--dry-run"],
         cwd=REPO,
