@@ -35,6 +35,7 @@ from tests.cluster.runs import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 600
+REVOKE_MARGIN = 3  # seconds after a requeue before the job may start again (see below)
 
 
 def _records(folder: Path) -> list[tuple[int, float]]:
@@ -74,12 +75,15 @@ def _batch_step_running(cluster, job: str) -> bool:
     return False
 
 
-def _finished_starting_it_now(cluster, job: str) -> bool:
+def _finished_starting_it_now(cluster, job: str, requeued_at: float) -> bool:
     """Whether `job` completed. SLURM holds a requeued job back 120 s (BeginTime), which the
-    test does not wait for: once the requeued script's old instance is gone (a start before
-    that fails the job), it moves the job's start to now."""
+    test does not wait for: once the requeued script's old instance is gone, and a few seconds
+    after the requeue, it moves the job's start to now. Not sooner: slurmd revoked the old
+    instance's credential at the requeue, to the second, and refuses a credential made in that
+    same second ("Job credential revoked"), which fails the job for good."""
     state = _state(cluster, job)
-    if state == "PENDING BeginTime" and not _batch_step_running(cluster, job):
+    settled = time.monotonic() - requeued_at > REVOKE_MARGIN
+    if state == "PENDING BeginTime" and settled and not _batch_step_running(cluster, job):
         cluster.run("node1", ["scontrol", "update", f"JobId={job}", "StartTime=now"])
     return state.startswith("COMPLETED")
 
@@ -116,9 +120,10 @@ def test_a_preempted_job_saves_requeues_itself_and_resumes_exactly(cluster, refe
     stopped_in = time.monotonic() - signalled
     saved = _latest_step(tmp_path)
     assert 3 <= saved < ITERS and stopped_in < 60, (saved, stopped_in)
+    requeued_at = signalled + stopped_in
     wait_for(
-        lambda: _finished_starting_it_now(cluster, job), TIMEOUT, "the requeued job's end",
-        describe=lambda: _job_story(cluster, job, out),
+        lambda: _finished_starting_it_now(cluster, job, requeued_at), TIMEOUT,
+        "the requeued job's end", describe=lambda: _job_story(cluster, job, out),
     )  # fmt: skip
     text = out.read_text()
     assert f"stopped early at iteration {saved} of {ITERS}" in text
