@@ -67,7 +67,8 @@ def requirements(name: str = "requirements.txt") -> list[str]:
 # The extras are the optional requirement files, so `pip install -e ".[tensorboard]"` and
 # `pip install -r requirements/requirements-tensorboard.txt` install the same thing.
 OPTIONAL = {
-    name: requirements(f"requirements-{name}.txt") for name in ("tensorboard", "wandb", "eval")
+    name: requirements(f"requirements-{name}.txt")
+    for name in ("tensorboard", "wandb", "comet", "eval")
 }
 
 

@@ -53,6 +53,10 @@ def _wandb(script: str, group: GroupOf) -> str | None:
     return "use_wandb: true" if script == TRAIN and group("logging").use_wandb else None
 
 
+def _comet(script: str, group: GroupOf) -> str | None:
+    return "use_comet: true" if script == TRAIN and group("logging").use_comet else None
+
+
 def _lm_eval(script: str, group: GroupOf) -> str | None:
     return "eval.py runs the lm-eval harness" if script == EVAL else None
 
@@ -68,6 +72,7 @@ def _tokenizer(*types: str) -> Callable[[str, GroupOf], str | None]:
 OPTIONAL_PACKAGES = (
     OptionalPackage("tensorboard", "tensorboard>=2.15", _tensorboard),
     OptionalPackage("wandb", "wandb>=0.17", _wandb),
+    OptionalPackage("comet_ml", "comet_ml>=3.45.0", _comet),
     OptionalPackage("lm_eval", "lm-eval[hf]==0.4.13", _lm_eval),
     OptionalPackage("sentencepiece", "sentencepiece>=0.2", _tokenizer("SPMTokenizer")),
     OptionalPackage("tokenizers", "tokenizers>=0.20", _tokenizer(*HF_TOKENIZERS)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
@@ -42,6 +43,26 @@ class LoggingConfig:
 
     wandb_run_name: str | None = None
     """wandb run name."""
+
+    use_comet: bool | None = None
+    """Log to Comet when true (null, GPT-NeoX's default, is off). `comet_ml` reads its API key
+    from `COMET_API_KEY` or `comet login`; `COMET_START_ONLINE=false` writes an offline archive
+    to upload later."""
+
+    comet_workspace: str | None = None
+    """Comet workspace (null: the account's default workspace)."""
+
+    comet_project: str | None = None
+    """Comet project (null: Comet's Uncategorized Experiments)."""
+
+    comet_experiment_name: str | None = None
+    """Comet experiment name (null: a random one)."""
+
+    comet_tags: list[str] | None = None
+    """Tags attached to the Comet experiment."""
+
+    comet_others: dict[str, Any] | None = None
+    """Further metadata logged as the Comet experiment's "others"."""
 
     log_grad_norm: bool = False
     """Log the gradient norm of each parameter."""

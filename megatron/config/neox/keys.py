@@ -295,12 +295,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "log_gradient_noise_scale": _none(_LOG, False),
     "gradient_noise_scale_n_batches": _none(_LOG, 5),
     "gradient_noise_scale_cpu_offload": _none(_LOG, False),
-    "use_comet": _none(_LOG, None, False),
-    "comet_workspace": _none(_LOG, None),
-    "comet_project": _none(_LOG, None),
-    "comet_experiment_name": _none(_LOG, None),
-    "comet_tags": _none(_LOG, None),
-    "comet_others": _none(_LOG, None),
     "tensorboard": _none("DeepSpeed's monitor section; use tensorboard_dir", None),
     "wandb": _none("DeepSpeed's monitor section; use use_wandb", None),
 }

@@ -74,7 +74,6 @@ NEOX_DEFAULTS = {
     "log_gradient_noise_scale": False,
     "gradient_noise_scale_n_batches": 5,
     "gradient_noise_scale_cpu_offload": False,
-    "use_comet": None,
     # GPT-NeoX 2025 (MoE group and REINFORCE, online data, weight serving)
     "fp32_reinforce": True,
     "kl_impl": "mse",
@@ -137,6 +136,12 @@ NEOX_DEFAULTS_OF_OUR_KEYS = {
     "profile_step_stop": 12,
     "memory_profiling": False,
     "memory_profiling_path": None,
+    "use_comet": None,
+    "comet_workspace": None,
+    "comet_project": None,
+    "comet_experiment_name": None,
+    "comet_tags": None,
+    "comet_others": None,
 }
 
 

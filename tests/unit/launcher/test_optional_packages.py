@@ -47,6 +47,7 @@ def without(monkeypatch):
     [
         ("train.py", dict(tensorboard_dir="tb"), "tensorboard", "tensorboard>=2.15", "tb"),
         ("train.py", dict(use_wandb=True), "wandb", "wandb>=0.17", "use_wandb: true"),
+        ("train.py", dict(use_comet=True), "comet_ml", "comet_ml>=3.45.0", "use_comet: true"),
         ("eval.py", {}, "lm_eval", "lm-eval[hf]==0.4.13", "lm-eval harness"),
         (
             "train.py",
@@ -86,12 +87,12 @@ def test_every_missing_package_in_one_command(without):
     "script, settings",
     [
         ("train.py", {}),  # no tensorboard_dir, no wandb, character tokenizer
-        ("generate.py", dict(tensorboard_dir="tb", use_wandb=True)),  # loggers: training only
+        ("generate.py", dict(tensorboard_dir="tb", use_wandb=True, use_comet=True)),  # training
         ("eval.py", dict(tensorboard_dir="tb")),
     ],
 )
 def test_packages_a_run_does_not_use_are_not_asked_for(without, script, settings):
-    without("tensorboard", "wandb", "sentencepiece", "tokenizers")
+    without("tensorboard", "wandb", "comet_ml", "sentencepiece", "tokenizers")
     assert missing_packages(script, groups(**settings)) == []
 
 

@@ -1,4 +1,4 @@
-"""Loggers: the console line, metrics.jsonl, TensorBoard events and offline wandb."""
+"""Loggers: the console line, metrics.jsonl, TensorBoard events, offline wandb and Comet."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import time
+import zipfile
 
 import pytest
 
@@ -151,6 +152,52 @@ def test_wandb_offline(make_config, tmp_path, monkeypatch):
         assert name in data
 
 
+def test_comet_offline(make_config, tmp_path, monkeypatch):
+    """Comet's own offline archive (what `comet upload` sends) holds the figures, the name,
+    tags, others and the config, as Comet wrote them."""
+    monkeypatch.setenv("COMET_START_ONLINE", "false")
+    monkeypatch.setenv("COMET_OFFLINE_DIRECTORY", str(tmp_path / "comet"))
+    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")  # no crash reports: no network
+    cfg = _cfg(
+        make_config,
+        tmp_path,
+        use_comet=True,
+        comet_project="proj",
+        comet_experiment_name="tiny-run",
+        comet_tags=["a", "b"],
+        comet_others={"note": "hello"},
+    )
+    loggers = build_loggers(cfg, rank=0, train_iters=80)
+    assert type(loggers.loggers[-1]).__name__ == "CometLogger"
+    loggers.log_train({**RECORD, "loss": float("nan")})
+    loggers.log_eval(EVAL)
+    loggers.close()
+    (archive,) = (tmp_path / "comet").glob("*.zip")
+    with zipfile.ZipFile(archive) as z:
+        messages = [json.loads(line) for line in z.read("messages.json").splitlines()]
+        experiment = json.loads(z.read("experiment.json"))
+    metrics = {
+        (m["payload"]["metric"]["metricName"], m["payload"]["metric"]["step"]): m["payload"][
+            "metric"
+        ]["metricValue"]
+        for m in messages
+        if m["type"] == "metric_msg"
+    }
+    assert metrics[("train/lr", 20)] == pytest.approx(0.002)
+    assert metrics[("train/tokens_per_sec", 20)] == pytest.approx(12345.6)
+    assert math.isnan(float(metrics[("train/loss", 20)]))  # a diverged loss is not dropped
+    assert metrics[("valid/perplexity", 20)] == pytest.approx(33.115)
+    assert ("train/mfu", 20) not in metrics  # None is not a figure, as in TensorBoard
+    others = {
+        m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"
+    }
+    assert others["Name"] == "tiny-run" and others["note"] == "hello"
+    params = [m["payload"] for m in messages if m["type"] == "parameter_msg"]
+    params = {p.get("param", p.get("params"))["paramName"] for p in params}  # scalar, list
+    assert {"seq_length", "comet_tags"} <= params  # the resolved config
+    assert experiment["project_name"] == "proj" and set(experiment["tags"]) == {"a", "b"}
+
+
 def test_console_eval_line_shows_the_objectives_metrics():
     out = io.StringIO()
     record = {"iteration": 25, "split": "valid", "loss": 0.61, "perplexity": 1.84}
@@ -163,12 +210,15 @@ def test_console_eval_line_shows_the_objectives_metrics():
 
 def test_a_missing_logger_package_is_a_user_error(tmp_path, monkeypatch):
     from megatron.errors import is_user_error
+    from megatron.training.metrics.loggers.comet_logger import CometLogger
     from megatron.training.metrics.loggers.tensorboard import TensorBoardLogger
     from megatron.training.metrics.loggers.wandb_logger import WandbLogger
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     monkeypatch.setitem(sys.modules, "wandb", None)
-    for build in (lambda: TensorBoardLogger(str(tmp_path)), lambda: WandbLogger("p")):
+    monkeypatch.setitem(sys.modules, "comet_ml", None)
+    builds = (lambda: TensorBoardLogger(str(tmp_path)), lambda: WandbLogger("p"), CometLogger)
+    for build in builds:
         with pytest.raises(Exception, match="pip install") as refused:
             build()
         assert is_user_error(refused.value)  # the message alone on the console

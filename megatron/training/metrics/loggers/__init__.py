@@ -1,4 +1,5 @@
-"""Metrics loggers, one file each: console, metrics.jsonl, TensorBoard, wandb (rank 0 only).
+"""Metrics loggers, one file each: console, metrics.jsonl, TensorBoard, wandb, Comet (rank 0
+only).
 
 loggers = build_loggers(cfg, rank, train_iters)
 loggers.log_train(record); loggers.log_eval(record); loggers.close()
@@ -34,6 +35,19 @@ def build_loggers(cfg, rank: int, train_iters: int | None = None) -> LoggerGroup
                 name=log.wandb_run_name,
                 host=log.wandb_host,
                 run_dir=log.log_dir,
+                config=cfg.to_dict() if hasattr(cfg, "to_dict") else None,
+            )
+        )
+    if log.use_comet:
+        from megatron.training.metrics.loggers.comet_logger import CometLogger
+
+        loggers.append(
+            CometLogger(
+                workspace=log.comet_workspace,
+                project=log.comet_project,
+                name=log.comet_experiment_name,
+                tags=log.comet_tags,
+                others=log.comet_others,
                 config=cfg.to_dict() if hasattr(cfg, "to_dict") else None,
             )
         )
