@@ -43,6 +43,7 @@ from megatron.training.metrics.report import (
 from megatron.training.objectives import build_objective
 from megatron.training.objectives.reference import build_reference
 from megatron.training.setup.batches import BatchSettings
+from megatron.training.setup.curriculum import SeqlenCurriculum
 from megatron.training.setup.data import (
     BatchFactory,
     build_datasets,
@@ -168,6 +169,10 @@ def pretrain(cfg) -> TrainResult:
     settings = BatchSettings.from_config(cfg, tokenizer.eod)
     make_batches = BatchFactory(cfg, topology, settings, engine.device, objective)
     train_batches = make_batches(datasets[0], state.consumed_samples)
+    curriculum = SeqlenCurriculum.from_config(cfg, lambda n: step_work(cfg, objective, n))
+    if curriculum is not None:
+        curriculum.resume(state.iteration, loaded.get("curriculum") if loaded else None)
+        train_batches = curriculum.truncated(train_batches)
     valid_batches = make_batches(datasets[1], valid_samples_consumed(cfg, state.iteration))
     io.restore_rng(loaded)  # after the iterators: creating one draws from torch's generator
 
@@ -176,7 +181,7 @@ def pretrain(cfg) -> TrainResult:
     started_at = state.iteration
     try:
         _report(cfg, topology, loggers, work, train_iters, state, datasets, notice)
-        steps = engine_steps(engine, topology, objective, reference)
+        steps = engine_steps(engine, topology, objective, reference, curriculum)
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
@@ -208,6 +213,7 @@ def pretrain(cfg) -> TrainResult:
             exit_interval=t.exit_interval,
             stop=StopRequest(),
             facts={**facts, "train_samples": train_samples},
+            curriculum=curriculum,
         )
         loop.stop.install()
         try:
@@ -228,7 +234,7 @@ def pretrain(cfg) -> TrainResult:
             started_at=started_at,
             train_iters=train_iters,
             seconds=seconds,
-            tokens_per_step=work.tokens,
+            tokens=monitor.tokens_trained,
         )
         loggers.log_text(summary)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from megatron.config.checks.curriculum import validate_curriculum
 from megatron.config.checks.data import validate_data
 from megatron.config.checks.optimizer_engines import validate_optimizer_engine
 from megatron.config.checks.torch_compile import validate_torch_compile
@@ -193,4 +194,5 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_torch_compile(cfg, sources)
     validate_profiling(cfg, sources)
     validate_moe(cfg)
+    validate_curriculum(cfg, sources)  # before post_training: names the curriculum
     validate_post_training(cfg, sources)

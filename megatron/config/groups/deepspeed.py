@@ -1,4 +1,5 @@
-"""DeepSpeed sections passed through to the engine config (`cfg.deepspeed`)."""
+"""DeepSpeed sections passed through to the engine config (`cfg.deepspeed`), and GPT-NeoX's
+`curriculum_learning`, which the trainer runs itself."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ PASSTHROUGH = (
     "gradient_predivide_factor",
     "sparse_gradients",
     "dump_state",
-    "curriculum_learning",
     "data_efficiency",
     "compression_training",
     "elasticity",
@@ -63,7 +63,12 @@ class DeepSpeedConfig:
     """DeepSpeed `dump_state`."""
 
     curriculum_learning: dict[str, Any] | None = None
-    """DeepSpeed `curriculum_learning` section."""
+    """GPT-NeoX's sequence-length curriculum (DeepSpeed's legacy section, run by the trainer:
+    DeepSpeed 0.19 no longer takes it): `enabled`, `curriculum_type: seqlen`, `min_difficulty`,
+    `max_difficulty` (at most `seq_length`), `schedule_type` (`fixed_linear`, `fixed_root`,
+    `fixed_discrete`) and its `schedule_config` (`total_curriculum_step`, `difficulty_step`,
+    `root_degree`; or `difficulty`, `max_step`). Step i trains on the first
+    `min(schedule(i + 1), seq_length)` tokens of each sample; evaluation on all of them."""
 
     data_efficiency: dict[str, Any] | None = None
     """DeepSpeed `data_efficiency` section."""

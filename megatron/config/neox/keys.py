@@ -252,7 +252,11 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     # optimizer, data and schedule
     "use_bnb_optimizer": _refused("bitsandbytes 8-bit optimizers are not implemented", False),
     "short_seq_prob": _refused("short-sequence sampling is not implemented", 0.1),
-    "curriculum_seqlen": _refused("sequence-length curriculum is not implemented", 0),
+    "curriculum_seqlen": _none(
+        "GPT-NeoX's record of the current curriculum length, set from curriculum_learning "
+        "each step (logged here as train/curriculum_seqlen)",
+        0,
+    ),
     "use_mup": _refused(_MUP, False),
     # GPT-NeoX runs these muP diagnostics instead of training, whatever use_mup says.
     "coord_check": _refused(_MUP, False),

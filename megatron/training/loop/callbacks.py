@@ -75,7 +75,9 @@ class LoggingCallback(Callback):
             **(getattr(loop.steps, "moe_losses", None) or {}),
             **(getattr(loop.steps, "objective_metrics", None) or {}),
         }
-        self.monitor.step(loop.last_loss, loop.last_applied, extras)
+        curriculum = getattr(loop, "curriculum", None)  # the step's real length (curriculum.py)
+        work = curriculum.work if curriculum is not None else None
+        self.monitor.step(loop.last_loss, loop.last_applied, extras, work)
         if loop.state.iteration % self.interval == 0:
             self._log(loop)
 
@@ -98,6 +100,8 @@ class LoggingCallback(Callback):
             loss_scale=current_loss_scale(engine),
             timers=engine_timers(engine) if self.timers else None,
         )
+        if getattr(loop, "curriculum", None) is not None:
+            record["curriculum_seqlen"] = loop.curriculum.length  # GPT-NeoX's name
         if self.param_norms_of is not None:
             record.update(parameter_norms(self.param_norms_of))
         if self.grad_norms is not None:

@@ -49,12 +49,14 @@ class TrainLoop:
         exit_interval=None,
         stop=None,
         facts=None,
+        curriculum=None,
     ):
         self.steps, self.engine, self.lr_scheduler = steps, engine, lr_scheduler
         self.batches, self.state, self.train_iters = batches, state, train_iters
         self.global_batch, self.guard, self.loggers = global_batch, guard, loggers
         self.callbacks, self.exit_interval, self.stop = callbacks, exit_interval, stop
         self.facts = dict(facts or {})  # fixed for the run: layout, samples the data holds
+        self.curriculum = curriculum  # sequence-length curriculum (setup/curriculum.py)
         self.last_loss, self.last_applied = 0.0, True
         self.losses: list[float] = []
 
@@ -65,6 +67,7 @@ class TrainLoop:
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "skipped_steps": self.guard.state_dict(),
             **self.facts,
+            **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
         }
 
     def _should_stop(self) -> bool:
@@ -79,6 +82,8 @@ class TrainLoop:
             for callback in self.callbacks:
                 callback.on_start(self)
             while self.state.iteration < self.train_iters and not stopped:
+                if self.curriculum is not None:
+                    self.curriculum.begin_step(self.state.iteration)
                 self.last_loss = self.steps.train_step(self.batches)
                 self.last_applied = self.steps.step_applied
                 self.state.iteration += 1

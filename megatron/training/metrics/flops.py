@@ -50,7 +50,7 @@ every forward and backward the step ran, the reference's included, none twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -189,15 +189,18 @@ class StepWork:
         return self.tokens * self.flops_per_token
 
 
-def step_work(cfg, objective=None) -> StepWork:
+def step_work(cfg, objective=None, seq_length: int | None = None) -> StepWork:
     """The work of one step of `cfg`'s run under `objective` (`megatron/training/objectives/`;
-    None: the language model)."""
+    None: the language model), at `seq_length` tokens per sequence (default: the config's; a
+    sequence-length curriculum trains on fewer)."""
     shape = shape_from_config(cfg)
+    if seq_length is not None:
+        shape = replace(shape, seq_length=seq_length)
     reference = objective is not None and objective.needs_reference  # a reference model runs
     return StepWork(
         samples=cfg.training.train_batch_size,
         sequences_per_sample=2 if objective is not None and objective.pairwise else 1,
-        seq_length=cfg.model.seq_length,
+        seq_length=shape.seq_length,
         training_flops_per_token=training_flops_per_token(shape),
         reference_flops_per_token=forward_flops_per_token(shape) if reference else 0.0,
     )

@@ -8,6 +8,10 @@ The interval's loss is the mean over its applied steps (a skipped fp16 overflow 
 count, as in Megatron and GPT-NeoX), or over all its steps when none was applied; an inf/NaN
 loss in the interval is shown as it is, never averaged away or logged as a blank.
 
+A step's tokens and FLOPs are the run's fixed `tokens_per_step` and `flops_per_token` unless
+`step(..., work=)` gives that step's own (`flops.StepWork`: a sequence-length curriculum trains
+on shorter sequences), so tokens/s, TFLOP/s and MFU count what was really computed.
+
 Extra per-step figures (`step(..., extras={"moe_aux_loss": ...})`, the mixture-of-experts
 router losses) are logged as their mean over the interval's steps, under their own names.
 """
@@ -38,6 +42,7 @@ class TrainMonitor:
         self.peak = peak_tflops
         self.train_iters = train_iters
         self.clock = clock
+        self.tokens_trained = 0  # over the whole run, for the summary
         self.start = clock()
         self._reset(self.start)
 
@@ -49,10 +54,16 @@ class TrainMonitor:
         self.applied = 0
         self.skipped = 0
         self.steps = 0
+        self.tokens = 0
+        self.flops = 0.0
         self.extras: dict[str, float] = {}
 
-    def step(self, loss: float, applied: bool, extras: dict | None = None) -> None:
+    def step(self, loss: float, applied: bool, extras: dict | None = None, work=None) -> None:
         self.steps += 1
+        tokens = work.tokens if work is not None else self.tokens_per_step
+        self.tokens += tokens
+        self.tokens_trained += tokens
+        self.flops += work.flops if work is not None else tokens * self.flops_per_token
         for name, value in (extras or {}).items():
             self.extras[name] = self.extras.get(name, 0.0) + value
         self.all_loss_sum += loss
@@ -75,9 +86,9 @@ class TrainMonitor:
         now = self.clock()
         seconds = now - self.interval_start
         speed = throughput(
-            self.steps * self.tokens_per_step,
+            self.tokens,
             seconds,
-            self.flops_per_token,
+            self.flops / self.tokens if self.tokens else self.flops_per_token,
             self.world_size,
             self.peak,
         )

@@ -106,19 +106,18 @@ def _flops_per_token(work: StepWork) -> str:
 
 
 def final_summary(
-    cfg, result, *, started_at: int, train_iters: int, seconds: float, tokens_per_step: int
+    cfg, result, *, started_at: int, train_iters: int, seconds: float, tokens: int
 ) -> str:
     """Lines printed once by rank 0 when training ends: where it stopped, the final losses,
     tokens and time of this run, and where the checkpoint and the logs are.
 
     `result` is pretrain's `TrainResult`; `started_at` the iteration the run resumed from;
-    `seconds` the time since the first step (evaluations included); `tokens_per_step`
-    `flops.StepWork.tokens`.
+    `seconds` the time since the first step (evaluations included); `tokens` those trained on
+    since (`TrainMonitor.tokens_trained`).
     """
     from megatron.checkpoint.folders import read_latest
     from megatron.training.metrics.loggers.console import format_duration
 
-    tokens = (result.iteration - started_at) * tokens_per_step
     if result.stopped:
         status = f"stopped early at iteration {result.iteration} of {train_iters}"
     else:

@@ -28,7 +28,14 @@ class EngineSteps:
     """Train and evaluate one global batch with a DeepSpeed engine."""
 
     def __init__(
-        self, engine, dp_group=None, dp_size: int = 1, topology=None, objective=None, reference=None
+        self,
+        engine,
+        dp_group=None,
+        dp_size: int = 1,
+        topology=None,
+        objective=None,
+        reference=None,
+        curriculum=None,
     ):
         self.engine = engine
         self.dp_group = dp_group
@@ -36,6 +43,7 @@ class EngineSteps:
         self.topology = topology
         self.objective = objective
         self.reference = reference
+        self.curriculum = curriculum  # sets the train steps' length (setup/curriculum.py)
         self.moe_losses: dict[str, float] = {}
         self.objective_metrics: dict[str, float] = {}
 
@@ -77,15 +85,32 @@ class EngineSteps:
 
 
 class PipelineSteps(EngineSteps):
-    """DeepSpeed's `PipelineEngine`."""
+    """DeepSpeed's `PipelineEngine`.
+
+    The engine sizes its send and receive buffers on the first batch; when a curriculum
+    changes the sequence length, every stage drops them (`reset_activation_shape`) before the
+    step, as DeepSpeed asks. All stages know the length from the schedule, including the
+    ones that read no data."""
+
+    _length: int | None = None  # the sequence length the buffers hold
+
+    def _use_length(self, length: int | None) -> None:
+        if length != self._length:
+            if self._length is not None:
+                self.engine.reset_activation_shape()
+            self._length = length
 
     def train_step(self, batches) -> float:
+        if self.curriculum is not None:
+            self._use_length(self.curriculum.length)
         self._before_train_step()
         loss = float(self.engine.train_batch(data_iter=self._with_reference(batches)))
         self._after_train_step()
         return loss
 
     def eval_step(self, batches) -> float:
+        if self.curriculum is not None:
+            self._use_length(self.curriculum.seq_length)  # evaluation: the whole samples
         return float(self.engine.eval_batch(data_iter=self._with_reference(batches)))
 
     def local_loss(self):
@@ -136,8 +161,9 @@ class PlainSteps(EngineSteps):
         return self._mean_over_data_parallel(total, steps)
 
 
-def engine_steps(engine, topology, objective=None, reference=None) -> EngineSteps:
-    """The step driver that fits `engine` (`objective`, `reference`: see the docstring)."""
+def engine_steps(engine, topology, objective=None, reference=None, curriculum=None) -> EngineSteps:
+    """The step driver that fits `engine` (`objective`, `reference`, `curriculum`: see the
+    docstrings)."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     cls = PipelineSteps if isinstance(engine, PipelineEngine) else PlainSteps
@@ -148,4 +174,5 @@ def engine_steps(engine, topology, objective=None, reference=None) -> EngineStep
         topology,
         objective=objective,
         reference=reference,
+        curriculum=curriculum,
     )

@@ -174,7 +174,6 @@ def test_every_unimplemented_key_has_a_class_and_advice():
         ("use_mup: true\n", "use_mup"),
         ("num_unique_layers: 1\n", "num_unique_layers"),
         ("soft_prompt_tuning: {enabled: true, num_tokens: 10}\n", "soft_prompt_tuning"),
-        ("curriculum_seqlen: 16\n", "curriculum_seqlen"),
         ("short_seq_prob: 0.2\n", "short_seq_prob"),
         ("output_layer_parallelism: row\n", "output_layer_parallelism"),
         ("expansion_factor: 4\n", "expansion_factor"),

@@ -127,6 +127,16 @@ def test_training_is_6n_plus_full_causal_attention():
     assert training_flops_per_token(shape_from_config(cfg)) == expected
 
 
+def test_a_shorter_step_counts_its_own_attention():
+    """A curriculum step of 1024 tokens: the same 6 N, attention over 1024 keys (PaLM's)."""
+    cfg = load_config(["llama-7B"], PLAIN, world_size=1, vocab_size=32000)
+    h, layers, seq, f, v = 4096, 32, 1024, 11008, 32000
+    n_matmul = layers * (4 * h * h + 3 * h * f) + h * v
+    work = step_work(cfg, seq_length=seq)
+    assert work.tokens == cfg.training.train_batch_size * seq
+    assert work.flops_per_token == 6 * n_matmul + 12 * layers * seq * h
+
+
 # Mistral-7B's shape on NeoX's Llama-7B config: GQA 32/8, SwiGLU 14336 per branch
 # (int(2/3 · 43008) // 2), 32k tokens, Hugging Face's sliding_window 4096 + 1.
 MISTRAL_7B = ["num_kv_heads=8", "intermediate_size=43008", "seq_length=32768",

@@ -67,6 +67,6 @@ def test_a_pairwise_run_with_a_reference_names_the_pairs_and_the_reference_forwa
     assert "schedule: 10 iterations (2.56K tokens)" in text
     result = SimpleNamespace(iteration=10, stopped=False, losses=[0.5], valid=None, test=None)
     summary = final_summary(
-        cfg, result, started_at=4, train_iters=10, seconds=2.0, tokens_per_step=work.tokens
+        cfg, result, started_at=4, train_iters=10, seconds=2.0, tokens=6 * work.tokens
     )
     assert "tokens: 1,536 in " in summary and "(768 tokens/s)" in summary
