@@ -148,4 +148,6 @@ def _log_places(lg) -> str:
         places.append(f"TensorBoard {lg.tensorboard_dir}")
     if lg.use_wandb:
         places.append(f"wandb project {lg.wandb_project}")
+    if lg.use_comet:
+        places.append(f"Comet project {lg.comet_project or 'Uncategorized Experiments'}")
     return ", ".join(places)
