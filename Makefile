@@ -26,7 +26,7 @@ REQ := requirements
 TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/requirements-build.txt \
 	$(REQ)/requirements-data.txt setup.py tools/build_deepspeed_ops.py
 TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
-	$(REQ)/requirements-wandb.txt $(REQ)/requirements-eval.txt
+	$(REQ)/requirements-wandb.txt $(REQ)/requirements-comet.txt $(REQ)/requirements-eval.txt
 
 .PHONY: train test data install install-test
 
