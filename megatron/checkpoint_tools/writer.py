@@ -4,9 +4,10 @@ The files are those DeepSpeed's engine writes (`layout.py`), so `load` + `finetu
 (weights only) or a plain resume (weights, optimizer when given, iteration and schedule from
 `trainer_state.pt`) reads them at that layout:
 
-- pipeline (`pp >= 1`): `layer_{i:02d}-model_{t:02d}-model_states.pt` for every layer and
-  tensor-parallel rank, and `mp_rank_{s * tp + t:02d}_model_states.pt` (engine state,
-  `module: None`, the optimizer state of stage `s`, rank `t`);
+- pipeline (`pp >= 1`): `layer_{i:02d}-model_{t:02d}-model_states.pt` for every layer the
+  engine saves (`specs.py::saved_layers`: GPT-NeoX's indices) and tensor-parallel rank, and
+  `mp_rank_{s * tp + t:02d}_model_states.pt` (engine state, `module: None`, the optimizer
+  state of stage `s`, rank `t`);
 - plain (`pp == 0`): `mp_rank_{t:02d}_model_states.pt` with rank `t`'s `module` state dict;
 
 then `config.json`, `trainer_state.pt`, and `{save}/latest` (atomically, last). Per-rank RNG
@@ -44,6 +45,7 @@ from megatron.checkpoint_tools.experts import (
 from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState, shard_optimizer_state
 from megatron.checkpoint_tools.schema import ModelSchema
+from megatron.model.specs import gpt_layer_specs, saved_layers
 
 
 def _check_state(schema: ModelSchema, state: dict) -> None:
@@ -133,10 +135,8 @@ def write_checkpoint(
     folder = _prepare_folder(save_dir, tag, overwrite)
     stages = max(1, pp)
     if pp >= 1:
-        for layer in range(schema.num_spec_layers):
+        for layer in saved_layers(gpt_layer_specs(schema.args)):
             params = schema.layer_params(layer)
-            if not params and layer == schema.num_spec_layers - 1 and schema.args.tied_embeddings:
-                continue  # the tied head: DeepSpeed saves the embedding once, with layer 0
             for t in range(tp):
                 shard = {s.local: schema.shard(s.name, state[s.name], tp, t) for s in params}
                 torch.save(shard, folder / layer_file(layer, t))

@@ -1,26 +1,31 @@
-"""The input end of the model: token embedding (shared with the output head when tied) and
-the input positional encoding, dropout and change to the Megatron layout.
+"""The input end of the model: token embedding (shared with the output head when tied), the
+input positional encoding and dropout, and the change to the Megatron layout.
 
-Two pipeline layers, so that a tied embedding is only the word table: the last pipeline stage
-then holds a copy of `word_embeddings.weight` alone (DeepSpeed keeps the two copies in sync),
-never an unused position table.
+GPT-NeoX's layer list, whose indices name the checkpoint files (`specs.py`), holds at index 0
+the whole embedding (`EmbeddingPipe`: tokens, learned positions, dropout) and at index 1 a
+parameter-free function to the transformer layers' layout (`to_transformer_layout`), which
+DeepSpeed writes no file for.
 
-- `WordEmbeddingPipe`: `(tokens, position_ids) -> (embeddings (b, s, h), position_ids)`;
-  its `project_to_vocab` is the tied output head.
-- `PositionEmbeddingPipe`: adds learned/sinusoidal positions, transposes to `(s, b, h)`,
-  scatters the sequence under sequence parallelism, applies `hidden_dropout`.
+- `WordEmbeddingPipe`: the token table alone; its `project_to_vocab` is the tied output head.
+  A tied head on another pipeline stage builds this class, so that stage holds a copy of
+  `word_embeddings.weight` alone (DeepSpeed keeps the copies in sync), never an unused
+  position table.
+- `EmbeddingPipe(WordEmbeddingPipe)`: `(tokens, position_ids) -> (embeddings (b, s, h),
+  position_ids)`: adds learned/sinusoidal positions and applies `hidden_dropout`, as GPT-NeoX's
+  embedding does. The activations are the same on every tensor-parallel rank here, so the
+  default generator (equal on those ranks) draws the mask, also under sequence parallelism
+  (the sequence is split after it).
+- `to_transformer_layout`: `(b, s, h) -> (s, b, h)`, scattered over the sequence under
+  sequence parallelism.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.args import ModelArgs
-from megatron.model.attention_backends import tensor_parallel_dropout_context
 from megatron.model.init_methods import input_init
 from megatron.model.positional import build_input_positions
 from megatron.parallel import (
@@ -62,28 +67,30 @@ def project_to_vocab(embedding: WordEmbeddingPipe, hidden: torch.Tensor) -> torc
     return embedding.project_to_vocab(hidden)
 
 
-class PositionEmbeddingPipe(nn.Module):
-    """Input positions, layout change, sequence scatter and embedding dropout."""
+class EmbeddingPipe(WordEmbeddingPipe):
+    """Tokens and input positions, then embedding dropout (see the module docstring)."""
 
     def __init__(self, args: ModelArgs, tp_group=None):
-        super().__init__()
-        self.tp_group = tp_group
-        self.sequence_parallel = args.sequence_parallel and group_size(tp_group) > 1
+        super().__init__(args, tp_group)
         self.hidden_dropout = args.hidden_dropout
         # `position_embeddings` holds the learned table (its weight is
         # `position_embeddings.weight`); None for rotary/alibi/none.
         self.position_embeddings = build_input_positions(args)
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
-        embeddings, position_ids = inputs  # (b, s, h), (b, s)
+        embeddings, position_ids = super().forward(inputs)  # (b, s, h), (b, s)
         if self.position_embeddings is not None:
             embeddings = embeddings + self.position_embeddings(position_ids).to(embeddings.dtype)
-        hidden = embeddings.transpose(0, 1).contiguous()  # (s, b, h)
-        rng = contextlib.nullcontext()
-        if self.sequence_parallel:
-            hidden = scatter_to_sequence_parallel_region(hidden, self.tp_group)  # (s/tp, b, h)
-            rng = tensor_parallel_dropout_context(self.tp_group)
         if self.training and self.hidden_dropout > 0:
-            with rng:
-                hidden = F.dropout(hidden, self.hidden_dropout, training=True)
-        return hidden, position_ids
+            embeddings = F.dropout(embeddings, self.hidden_dropout, training=True)
+        return embeddings, position_ids
+
+
+def to_transformer_layout(inputs, *, tp_group=None, sequence_parallel: bool = False):
+    """`(embeddings (b, s, h), position_ids) -> (hidden (s, b, h), position_ids)`; under
+    sequence parallelism each tensor-parallel rank keeps its `s/tp` positions."""
+    embeddings, position_ids = inputs
+    hidden = embeddings.transpose(0, 1).contiguous()  # (s, b, h)
+    if sequence_parallel and group_size(tp_group) > 1:
+        hidden = scatter_to_sequence_parallel_region(hidden, tp_group)  # (s/tp, b, h)
+    return hidden, position_ids

@@ -27,7 +27,7 @@ import functools
 
 import deepspeed
 import torch
-from deepspeed.pipe import PipelineModule, TiedLayerSpec
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from megatron.config.ds_export import PIPELINE_SP_SECTION
@@ -72,9 +72,11 @@ class GPTModel(nn.Module):
                     self.tied_modules[spec.key] = spec.build()
                 module = self.tied_modules[spec.key]
                 fn = functools.partial(spec.forward_fn, module) if spec.forward_fn else module
-            else:
+            elif isinstance(spec, LayerSpec):
                 fn = spec.build()
                 self.add_module(str(index), fn)
+            else:  # a parameter-free function (`specs.py::LayerFunction`)
+                fn = spec
             self.forward_funcs.append(fn)
 
     @staticmethod

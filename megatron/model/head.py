@@ -25,14 +25,14 @@ from megatron.parallel.comm import group_size
 
 
 class FinalNormPipe(nn.Module):
-    """`(hidden, position_ids) -> norm(hidden)`; position ids are not needed after this."""
+    """`hidden -> norm(hidden)` (the position ids were dropped by the step before it,
+    `specs.py::drop_position_ids`)."""
 
     def __init__(self, args: ModelArgs, tp_group=None):
         super().__init__()
         self.norm = build_norm(args, sequence_parallel=args.sequence_parallel)
 
-    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        hidden, _ = inputs
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(hidden)  # (s, b, h) or (s/tp, b, h) under SP
 
 

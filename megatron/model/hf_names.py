@@ -1,8 +1,8 @@
 """Rename table between our parameter names and Hugging Face's GPT-NeoX and Llama models.
 
-Our names (`specs.py`): `{index}.{name in layer}`, where index 0 is the word embedding (or
-`tied_modules.embed.` when tied), 1 the input positions, `2 + i` transformer layer `i`,
-`L + 2` the final norm and `L + 3` the untied head. Inside a transformer layer:
+Our names (`specs.py`, GPT-NeoX's indices): `{index}.{name in layer}`, where index 0 is the
+embedding (or `tied_modules.embed.` when tied), `2 + i` transformer layer `i`, `L + 3` the
+final norm and `L + 4` the untied head. Inside a transformer layer:
 
 | ours (in layer `i`)           | GPTNeoX `gpt_neox.layers.{i}.` | Llama `model.layers.{i}.`       |
 | ----------------------------- | ------------------------------ | ------------------------------- |
@@ -17,10 +17,10 @@ Our names (`specs.py`): `{index}.{name in layer}`, where index 0 is the word emb
 (`*` = `weight` and, where the model has one, `bias`; Llama norms have no bias. (*): fused.)
 
 Outside the layers: word embedding `gpt_neox.embed_in.weight` / `model.embed_tokens.weight`,
-final norm `{L+2}.norm.*` = `gpt_neox.final_layer_norm.*` / `model.norm.weight`, untied head
-`{L+3}.final_linear.weight` = `lm_head.weight` in both (transformers >= 5; the older
+final norm `{L+3}.norm.*` = `gpt_neox.final_layer_norm.*` / `model.norm.weight`, untied head
+`{L+4}.final_linear.weight` = `lm_head.weight` in both (transformers >= 5; the older
 GPT-NeoX name `embed_out.weight`, used by the Pythia checkpoints, is accepted by `from_hf`);
-a reward model's value head `{L+3}.score.weight` = `score.weight` of the
+a reward model's value head `{L+4}.score.weight` = `score.weight` of the
 `...ForSequenceClassification` class.
 
 Fused QKV: our `query_key_value` rows are grouped per key/value head, `(nkv, nq/nkv + 2, d)`

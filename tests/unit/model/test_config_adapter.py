@@ -54,7 +54,7 @@ def test_llama_style_config_builds_the_llama_architecture():
     assert type(layer) is TransformerLayer
     assert type(layer.attention.core) is FusedSoftmaxAttention
     assert type(model.get_submodule("3").attention.core) is SDPAAttention
-    assert model.get_submodule("5").final_linear.weight.shape == (128, 32)
+    assert model.get_submodule("6").final_linear.weight.shape == (128, 32)  # L + 4
     logits = model(torch.zeros(1, 16, dtype=torch.long), torch.arange(16)[None])
     assert logits.shape == (1, 16, 128)
 

@@ -53,7 +53,7 @@ def test_vocabulary_padding_and_legacy_head_name():
     assert hf["gpt_neox.embed_in.weight"].shape[0] == 100 and "lm_head.weight" in hf
     hf["embed_out.weight"] = hf.pop("lm_head.weight")  # Pythia's checkpoint name
     ours = from_hf(hf, args, "gpt_neox")
-    head = ours[f"{args.num_layers + 3}.final_linear.weight"]
+    head = ours[f"{args.num_layers + 4}.final_linear.weight"]  # GPT-NeoX's head index
     assert head.shape[0] == 128 and not head[100:].any()
 
 

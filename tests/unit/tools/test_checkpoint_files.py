@@ -74,7 +74,7 @@ def test_written_checkpoints_read_back_at_every_layout(tmp_path, model_state, tp
     assert back.keys() == state.keys()
     assert all(torch.equal(back[name], state[name]) for name in state)
     assert reader.trainer_state()["iteration"] == 7
-    some = ["3.attention.dense.weight", "7.final_linear.weight"]
+    some = ["3.attention.dense.weight", "8.final_linear.weight"]  # GPT-NeoX's head: L + 4
     assert reader.state_dict(some).keys() == set(some)
     if pp:
         qkv = torch.load(folder / f"layer_02-model_{tp - 1:02d}-model_states.pt")
@@ -90,7 +90,7 @@ def test_tied_head_has_no_layer_file_and_reads_from_the_embedding(tmp_path):
         tmp_path, schema=ModelSchema(args), state=state, tp=2, pp=2, iteration=1,
         config_dict=cfg.to_dict(),
     )  # fmt: skip
-    names = sorted(p.name for p in (tmp_path / "global_step1").glob("layer_07-*"))
+    names = sorted(p.name for p in (tmp_path / "global_step1").glob("layer_08-*"))
     assert names == []  # DeepSpeed saves the tied module once, with layer 0
     back = CheckpointReader(tmp_path).state_dict()
     assert torch.equal(back["tied_modules.embed.word_embeddings.weight"], state[
@@ -132,12 +132,19 @@ def test_layout_checks_name_what_does_not_divide(model_state):
 
 
 def test_stage_bounds_follow_the_partition_method(model_state):
+    from deepspeed.runtime.utils import partition_balanced
+
     schema, _ = model_state
-    # specs: 0 embedding, 1 positions, 2-5 transformer layers, 6 final norm, 7 head
-    assert stage_bounds(schema, 2) == [0, 4, 8]
-    assert stage_bounds(schema, 4) == [0, 3, 4, 5, 8]
+    # GPT-NeoX's list: 0 EmbeddingPipe, 1 _pre_transformer_block, 2-5 transformer layers,
+    # 6 _post_transformer_block, 7 NormPipe, 8 ParallelLinearPipe; its default
+    # `type:transformer|mlp` matches the layers and both functions' names.
+    neox = [0, 1, 1, 1, 1, 1, 1, 0, 0]
+    for stages in (2, 4):
+        want = [int(b) for b in partition_balanced(weights=neox, num_parts=stages)]
+        assert stage_bounds(schema, stages) == want
+    assert stage_bounds(schema, 4) == [0, 3, 5, 6, 9]
     uniform = ModelSchema(ModelArgs.from_config(config(1, 2, pipe_partition_method="uniform")))
-    assert stage_bounds(uniform, 2) == [0, 4, 8]
+    assert stage_bounds(uniform, 2) == [0, 5, 9]  # nine entries
     bad = ModelSchema(ModelArgs.from_config(config(1, 2, pipe_partition_method="type:conv")))
     with pytest.raises(ValueError, match="matches no layer class"):
         stage_bounds(bad, 2)
@@ -150,7 +157,7 @@ def test_optimizer_numbering_puts_matrices_first_in_module_order(model_state):
     matrices = [n for n in first if len(schema.params[n].shape) == 2]
     assert first[: len(matrices)] == matrices and first[0] == "0.word_embeddings.weight"
     last = optimizer_parameter_names(schema, bounds, 1)
-    assert "7.final_linear.weight" in last and last[-1].startswith("6.norm.")
+    assert "8.final_linear.weight" in last and last[-1].startswith("7.norm.")
     assert sorted(first + last) == sorted(schema.params)
 
 

@@ -76,7 +76,7 @@ def test_reward_model_starts_from_the_language_model(tmp_path, capsys):
     out = tmp_path / "rm"
     argv = ["--checkpoint", str(tmp_path / "lm"), "--config", str(config), "--output", str(out)]
     assert tool.main(argv) == 0
-    assert "left out: 5.final_linear.weight" in capsys.readouterr().out
+    assert "left out: 6.final_linear.weight" in capsys.readouterr().out  # L + 4, L = 2
 
     reader = CheckpointReader(out)
     assert (reader.layout.tp, reader.layout.pp) == (2, 2)
@@ -84,10 +84,10 @@ def test_reward_model_starts_from_the_language_model(tmp_path, capsys):
     state = reader.state_dict()
     fresh_args = dataclasses.replace(reader.args, pipe_parallel_size=0)
     fresh = build_gpt(fresh_args).state_dict()  # what a fresh run of the config draws
-    assert set(state) == set(lm_state) - {"5.final_linear.weight"} | {"5.score.weight"}
-    assert torch.equal(state["5.score.weight"], fresh["5.score.weight"])
+    assert set(state) == set(lm_state) - {"6.final_linear.weight"} | {"6.score.weight"}
+    assert torch.equal(state["6.score.weight"], fresh["6.score.weight"])
     for name, tensor in state.items():
-        if name != "5.score.weight":
+        if name != "6.score.weight":
             assert torch.equal(tensor, lm_state[name]), name
 
 

@@ -37,7 +37,7 @@ def module():
     params = dict(model.named_parameters())
     table = params["tied_modules.embed.word_embeddings.weight"]  # (512, h)
     with torch.no_grad():
-        params[f"{args.num_layers + 2}.norm.bias"].fill_(3.0)
+        params[f"{args.num_layers + 3}.norm.bias"].fill_(3.0)  # GPT-NeoX: L + 3
         table[HF_VOCAB:] = 3.0  # padding rows: logit ~ 3 · sum(normed + 3) = 9 h, real ones ~ 0
     return model
 
