@@ -27,6 +27,7 @@ from megatron.checkpoint.experts import (
     merge_expert_slices,
     saved_expert_parallel_size,
 )
+from megatron.checkpoint.neox_layout import from_sequential
 from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loading
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
@@ -40,6 +41,7 @@ from megatron.model import ModelArgs
 def load_saved_config(layout: CheckpointLayout):
     """The resolved `Config` saved in the checkpoint folder."""
     from megatron.config import Config
+    from megatron.config.groups.model import mlp_size
 
     path = layout.config_file
     if not path.is_file():
@@ -54,7 +56,11 @@ def load_saved_config(layout: CheckpointLayout):
             f"'{path}' is not valid JSON ({err}); give the run's config files (--config) so "
             "the model can be described"
         ) from None
-    return Config.from_dict(saved)
+    cfg = Config.from_dict(saved)
+    m = cfg.model
+    if m.intermediate_size is None and m.hidden_size:  # saved before it was resolved
+        cfg = cfg.replace(intermediate_size=mlp_size(None, m.hidden_size))
+    return cfg
 
 
 def config_from_files(files, overrides=()) -> object:
@@ -126,7 +132,8 @@ class CheckpointReader:
                     raise CheckpointError(
                         f"checkpoint '{self.folder}': mp_rank files hold no module weights"
                     )
-                self._plain_modules = modules
+                tied = self.args.tied_embeddings
+                self._plain_modules = [from_sequential(m, tied) for m in modules]
         return self._plain_modules
 
     def _zero3_module(self) -> dict:

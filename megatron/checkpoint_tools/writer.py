@@ -7,8 +7,9 @@ The files are those DeepSpeed's engine writes (`layout.py`), so `load` + `finetu
 - pipeline (`pp >= 1`): `layer_{i:02d}-model_{t:02d}-model_states.pt` for every layer the
   engine saves (`specs.py::saved_layers`: GPT-NeoX's indices) and tensor-parallel rank, and
   `mp_rank_{s * tp + t:02d}_model_states.pt` (engine state, `module: None`, the optimizer
-  state of stage `s`, rank `t`);
-- plain (`pp == 0`): `mp_rank_{t:02d}_model_states.pt` with rank `t`'s `module` state dict;
+  state of stage `s`, rank `t`, and GPT-NeoX's `iteration` and `args`);
+- plain (`pp == 0`): `mp_rank_{t:02d}_model_states.pt` with rank `t`'s `module` state dict,
+  in GPT-NeoX's sequential names (`megatron/checkpoint/neox_layout.py`);
 
 then `config.json`, `trainer_state.pt`, and `{save}/latest` (atomically, last). Per-rank RNG
 states are not written: they belong to the old ranks (`pretrain` then warns and goes on).
@@ -20,7 +21,6 @@ their optimizer state) and `expert_states_pp{P}_ep{r}.pt` the others', as traini
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +36,7 @@ from megatron.checkpoint.folders import (
     tag_for,
     write_latest,
 )
+from megatron.checkpoint.neox_layout import config_json, neox_entries, to_sequential
 from megatron.checkpoint_tools.experts import (
     check_expert_parallel,
     expert_files,
@@ -143,11 +144,12 @@ def write_checkpoint(
     for stage in range(stages):
         for t in range(tp):
             ranked = _engine_state(engine_state, iteration, tp, pp)
+            ranked.update(neox_entries(config_dict, iteration))  # what GPT-NeoX's loader reads
             ranked["module"] = None
             if pp == 0:
-                ranked["module"] = {
-                    name: schema.shard(name, state[name], tp, t) for name in schema.params
-                }
+                ranked["module"] = to_sequential(
+                    {name: schema.shard(name, state[name], tp, t) for name in schema.params}
+                )
             ranked["optimizer"] = (
                 shard_optimizer_state(optimizer, schema, stage, stages, tp, t)
                 if optimizer is not None
@@ -155,7 +157,7 @@ def write_checkpoint(
             )
             torch.save(ranked, folder / mp_rank_file(stage * tp + t))
     torch.save({**(trainer_state or {}), "iteration": iteration}, folder / TRAINER_STATE)
-    (folder / CONFIG_FILE).write_text(json.dumps(config_dict, indent=1))
+    (folder / CONFIG_FILE).write_text(config_json(config_dict))
     if ep > 1:
         expert_files(folder, schema, full_state, full_optimizer, ep=ep, tp=tp, pp=pp)
     if more_files is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron.config.groups.model import mlp_size
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init, output_init
@@ -26,7 +27,7 @@ from megatron.parallel import ColumnParallelLinear, RowParallelLinear
 
 def mlp_inner_size(args: ModelArgs) -> int:
     """The MLP's inner width per branch (see the module docstring)."""
-    ffn = args.intermediate_size or 4 * args.hidden_size
+    ffn = mlp_size(args.intermediate_size, args.hidden_size)
     if build_activation(args.activation).gated:
         ffn = int(2 * ffn / 3) // 2
     multiple = max(1, args.mlp_multiple_of)

@@ -95,9 +95,10 @@ class ModelConfig:
     `bias_gelu_fusion: true` computes, and maps to)."""
 
     intermediate_size: int | None = None
-    """MLP size as GPT-NeoX defines it (default 4 × hidden). Gated activations (geglu, swiglu,
-    reglu) use 2/3 of it for their two input projections: each branch is `int(2/3 × size) // 2`
-    wide, so GPT-NeoX's Llama-7B value 32768 gives Llama's 11008."""
+    """MLP size as GPT-NeoX defines it (default 4 × hidden, filled in when the config is
+    resolved, so a checkpoint's config.json holds the number). Gated activations (geglu,
+    swiglu, reglu) use 2/3 of it for their two input projections: each branch is
+    `int(2/3 × size) // 2` wide, so GPT-NeoX's Llama-7B value 32768 gives Llama's 11008."""
 
     mlp_multiple_of: int = 1
     """Round the MLP inner width up to a multiple of this (Llama uses 256)."""
@@ -195,3 +196,8 @@ class ModelConfig:
 
     layer_attention_types: tuple[str, ...] = derived(())
     """Attention type of each layer, expanded from `attention_config` (derived)."""
+
+
+def mlp_size(intermediate_size: int | None, hidden_size: int) -> int:
+    """`intermediate_size` as GPT-NeoX resolves it: 4 × hidden when unset."""
+    return intermediate_size or 4 * hidden_size

@@ -23,7 +23,6 @@ cannot run code.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import pickle
 import random
@@ -49,10 +48,17 @@ from megatron.checkpoint.folders import (
     tag_for,
     write_latest,
 )
+from megatron.checkpoint.neox_layout import config_json
 from megatron.checkpoint.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 from megatron.checkpoint.size import free_bytes_at
 from megatron.config.verbosity import quiet_deepspeed
 from megatron.training.checkpoint.disk_space import ensure_room, stop_on_failure
+from megatron.training.checkpoint.neox_files import (
+    client_state,
+    is_plain,
+    load_module,
+    sequential_module_names,
+)
 from megatron.training.optim.distro import load_rank_state, save_rank_state
 
 log = logging.getLogger(__name__)
@@ -145,12 +151,16 @@ class CheckpointIO:
     pinned: list[Path] = field(default_factory=list)
     """Checkpoint folders `keep_last_n` never deletes (a reference model's starting weights)."""
 
-    def _engine_save(self, tag: str) -> None:
-        """DeepSpeed's save; with `save_optim` off, its optimizer states are left out (the
-        weights of ZeRO 1/2 and of the plain engine are in the module states)."""
+    def _engine_save(self, tag: str, iteration: int) -> None:
+        """DeepSpeed's save, with GPT-NeoX's entries (`neox_files.py`); with `save_optim` off,
+        its optimizer states are left out (the weights of ZeRO 1/2 and of the plain engine are
+        in the module states)."""
         engine = self.engine
+        rng = rng_state(self.tracker) if self.save_rng else None
+        extra = {"client_state": client_state(self.config_dict, iteration, rng)}
         if self.save_optim:
-            engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+            with sequential_module_names(engine):
+                engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False, **extra)
             return
         if engine.zero_optimization_partition_weights():
             raise ValueError(
@@ -161,7 +171,8 @@ class CheckpointIO:
         engine.save_zero_checkpoint = False
         optimizer.state_dict = lambda: None  # shadows the method for this one save
         try:
-            engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False)
+            with sequential_module_names(engine):
+                engine.save_checkpoint(self.save_dir, tag=tag, save_latest=False, **extra)
         finally:
             engine.save_zero_checkpoint = saved_flag
             del optimizer.state_dict
@@ -185,7 +196,7 @@ class CheckpointIO:
             (folder / COMPLETE).unlink(missing_ok=True)  # an old save's markers
             (folder / PERMANENT).unlink(missing_ok=True)
         _barrier()
-        self._engine_save(tag)
+        self._engine_save(tag, iteration)
         if self.experts is not None:
             self.experts.save(folder, self.save_optim)
         if self.save_rng:
@@ -196,7 +207,7 @@ class CheckpointIO:
             extra = {"iteration": iteration, "optimizer_saved": self.save_optim}
             torch.save({**trainer_state, **extra}, folder / TRAINER_STATE)
             if self.config_dict is not None:
-                (folder / CONFIG_FILE).write_text(json.dumps(self.config_dict, indent=1))
+                (folder / CONFIG_FILE).write_text(config_json(self.config_dict))
             if kind == "permanent":
                 (folder / PERMANENT).write_text(tag)
         _barrier()  # every rank's files are on disk
@@ -269,6 +280,7 @@ class CheckpointIO:
                     load_optimizer_states=load_optim,
                     load_lr_scheduler_states=False,
                     load_module_only=module_only,
+                    custom_load_fn=load_module if is_plain(self.engine) else None,
                 )
         except pickle.UnpicklingError as err:
             raise refusal(Path(load_dir) / tag, err) from err

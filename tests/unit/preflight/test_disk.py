@@ -139,7 +139,7 @@ class Engine:
 
     optimizer = None
 
-    def save_checkpoint(self, save_dir, tag, save_latest=True):
+    def save_checkpoint(self, save_dir, tag, save_latest=True, client_state=None):
         (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
         (Path(save_dir) / tag / "mp_rank_00_model_states.pt").write_bytes(b"w" * 100)
 

@@ -21,6 +21,7 @@ same indices (its converter reads those keys).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -105,3 +106,46 @@ def test_pipeline_files_carry_neox_layer_indices(tmp_path, arch, tp, pp):
     back = CheckpointReader(tmp_path).state_dict()
     assert back.keys() == state.keys()
     assert all(torch.equal(back[name], state[name]) for name in state)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_plain_module_entries_carry_neox_sequential_names(tmp_path, arch, tp):
+    cfg, state, folder = _write(tmp_path, arch, tp, 0)
+    m = cfg.model
+    tied, layers = not m.no_weight_tying, m.num_layers
+    outer = neox_outer_keys(layers, tied, m.pos_emb == "learned", m.norm != "rmsnorm")
+    for t in range(tp):
+        module = torch.load(folder / f"mp_rank_{t:02d}_model_states.pt")["module"]
+        indices = {int(name.split(".")[1]) for name in module}
+        assert all(name.startswith("sequential.") for name in module)
+        assert indices == {0, *range(2, layers + 2), layers + 3} | (set() if tied else {layers + 4})
+        for index, keys in outer.items():
+            prefix = f"sequential.{index}."
+            assert {n[len(prefix) :] for n in module if n.startswith(prefix)} == keys, index
+    back = CheckpointReader(tmp_path).state_dict()
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[name], state[name]) for name in state)
+
+
+def test_mp_rank_files_and_config_hold_what_neox_reads(tmp_path):
+    """GPT-NeoX's loader reads `iteration` and `args` (eight config values) from every
+    mp_rank file; its converter reads `config.json` with PyYAML (YAML 1.1) and builds its
+    Hugging Face config from `intermediate_size` (default 4 × hidden), so the file must hold
+    the number and read the same as YAML as it does as JSON."""
+    yaml = pytest.importorskip("yaml")
+    cfg, _, folder = _write(tmp_path, "pythia_untied", 2, 2)
+    as_json = json.loads((folder / "config.json").read_text())
+    as_yaml = yaml.safe_load((folder / "config.json").read_text())
+    assert as_yaml == as_json
+    assert as_json["intermediate_size"] == 4 * as_json["hidden_size"]
+    assert isinstance(as_yaml["layernorm_epsilon"], float)
+    args = {
+        "num_layers": 3, "hidden_size": 32, "num_attention_heads": 4,
+        "max_position_embeddings": 16, "make_vocab_size_divisible_by": 128,
+        "padded_vocab_size": 256, "tokenizer_type": "GPT2BPETokenizer",
+        "model_parallel_size": 2,
+    }  # fmt: skip
+    for m in range(4):
+        saved = torch.load(folder / f"mp_rank_{m:02d}_model_states.pt", weights_only=True)
+        assert saved["iteration"] == 1 and saved["args"] == args

@@ -122,8 +122,9 @@ class FakeEngine:
         self.loaded = None
         self.optimizer = None  # no per-rank optimizer state (Distro's) to save
 
-    def save_checkpoint(self, save_dir, tag, save_latest=True):
+    def save_checkpoint(self, save_dir, tag, save_latest=True, client_state=None):
         assert save_latest is False  # our `latest` is the one that counts
+        self.client_state = client_state
         (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
         if self.fail:
             raise OSError("disk full")
