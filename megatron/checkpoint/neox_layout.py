@@ -56,9 +56,10 @@ def from_sequential(module: dict, tied: bool) -> dict:
     return out
 
 
-def is_sequential(module: dict) -> bool:
-    """Whether a `module` entry is in GPT-NeoX's sequential names (every key)."""
-    return bool(module) and all(name.startswith(SEQUENTIAL) for name in module)
+def is_sequential(names) -> bool:
+    """Whether a `module` entry's names (or the entry) are GPT-NeoX's sequential names."""
+    names = list(names)
+    return bool(names) and all(name.startswith(SEQUENTIAL) for name in names)
 
 
 NEOX_ARGS = (

@@ -83,11 +83,12 @@ def weights_only_loading():
                 os.environ[key] = value
 
 
-def load_file(path, map_location="cpu"):
-    """`torch.load` of one checkpoint file, weights-only with our allow-list."""
+def load_file(path, map_location="cpu", *, mmap: bool = False):
+    """`torch.load` of one checkpoint file, weights-only with our allow-list (`mmap`: tensors
+    mapped, not read, for looking at names and shapes only)."""
     try:
         with weights_only_loading():
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise refusal(path, err) from err
 

@@ -59,7 +59,8 @@ def read_master_weights(reader) -> dict[str, torch.Tensor]:
         if int(saved[0].get("zero_stage", 1)) == 3:
             raise CheckpointError(f"checkpoint '{folder}' is ZeRO stage 3, not 1/2")
         weights = _rank_weights(saved, param_shapes(folder, mp, 1), files[mp][0])
-        for name, tensor in weights.items():
+        for saved_name, tensor in weights.items():
+            name = reader.current_name(saved_name)
             shards.setdefault(name, [])
             if len(shards[name]) < layout.tp:  # the tied embedding's copy on the last stage
                 shards[name].append(tensor)

@@ -74,10 +74,11 @@ def read_optimizer_state(reader, zero_stage: int = 0) -> tuple[FullOptimizerStat
     if _zero_stage(reader.cfg) > 0:
         return read_zero_optimizer_state(reader)
     layout, schema = reader.layout, reader.schema
-    bounds = stage_bounds(schema, layout.stages, layout.tp)
+    old = reader.old_numbering  # the stages of the layer list it was saved with
+    bounds = stage_bounds(schema, layout.stages, layout.tp, legacy=old)
     full = FullOptimizerState()
     for stage in range(layout.stages):
-        names = optimizer_parameter_names(schema, bounds, stage)
+        names = optimizer_parameter_names(schema, bounds, stage, legacy=old)
         shards: list[dict] = []
         for t in range(layout.tp):
             saved = reader.mp_rank_state(stage * layout.tp + t).get("optimizer")

@@ -14,6 +14,7 @@ config is the `config.json` saved beside the weights unless one is given. Expert
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from collections.abc import Iterable
@@ -27,7 +28,8 @@ from megatron.checkpoint.experts import (
     merge_expert_slices,
     saved_expert_parallel_size,
 )
-from megatron.checkpoint.neox_layout import from_sequential
+from megatron.checkpoint.model_files import has_old_numbering, old_layer_files, old_to_current
+from megatron.checkpoint.neox_layout import from_sequential, is_sequential
 from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loading
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
@@ -123,18 +125,40 @@ class CheckpointReader:
             if self.layout.zero3 and self.layout.tp > 1:  # DeepSpeed's reader: one mp rank
                 from megatron.checkpoint_tools.master_weights import read_zero3_shards
 
-                self._plain_modules = read_zero3_shards(self)
+                modules = read_zero3_shards(self)
             elif self.layout.zero3:
-                self._plain_modules = [self._zero3_module()]
+                modules = [self._zero3_module()]
             else:
                 modules = [self.mp_rank_state(t).get("module") for t in range(self.layout.tp)]
                 if any(m is None for m in modules):
                     raise CheckpointError(
                         f"checkpoint '{self.folder}': mp_rank files hold no module weights"
                     )
-                tied = self.args.tied_embeddings
-                self._plain_modules = [from_sequential(m, tied) for m in modules]
+            self._plain_modules = [self._current_names(m) for m in modules]
         return self._plain_modules
+
+    def _current_names(self, module: dict) -> dict:
+        """A plain engine's weights under the model's own names, from GPT-NeoX's sequential
+        names or, from a folder of `OLD_NUMBERING`, its names."""
+        if is_sequential(module):
+            return from_sequential(module, self.args.tied_embeddings)
+        return {self.current_name(name): value for name, value in module.items()}
+
+    @functools.cached_property
+    def old_numbering(self) -> bool:
+        """Whether the folder was saved in `OLD_NUMBERING` (`model_files.py`)."""
+        if self.layout.pipeline:
+            return has_old_numbering(self.folder)
+        if self.layout.zero3:
+            shapes = _load(self.folder / zero_model_file(0)).get("param_shapes") or []
+            names = [n for group in shapes for n in group]
+        else:
+            names = list(load_file(self.folder / mp_rank_file(0), mmap=True).get("module") or {})
+        return not is_sequential(names) and any(n not in self.schema.params for n in names)
+
+    def current_name(self, name: str) -> str:
+        """A parameter name as saved in this folder, in the current numbering."""
+        return old_to_current(name, self.args) if self.old_numbering else name
 
     def _zero3_module(self) -> dict:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -152,10 +176,14 @@ class CheckpointReader:
         """The per-tp-rank state dicts of one layer, keyed by our full names."""
         prefix = self.schema.prefix(layer)
         if self.layout.pipeline:
-            files = [self.folder / layer_file(layer, t) for t in range(self.layout.tp)]
-            if not files[0].is_file():
-                return []
-            return [{prefix + k: v for k, v in _load(f).items()} for f in files]
+            indices = old_layer_files(self.args, layer) if self.old_numbering else [layer]
+            shards = []
+            for t in range(self.layout.tp):
+                files = [self.folder / layer_file(i, t) for i in indices]
+                if not files or not files[0].is_file():
+                    return []
+                shards.append({prefix + k: v for f in files for k, v in _load(f).items()})
+            return shards
         return [
             {k: v for k, v in module.items() if k.startswith(prefix)}
             for module in self._plain_shards()

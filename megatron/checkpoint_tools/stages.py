@@ -20,47 +20,76 @@ on a later stage that holds only the tied head (`specs.py`).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 from deepspeed.pipe import LayerSpec, TiedLayerSpec
 from deepspeed.runtime.utils import partition_balanced, partition_uniform
 
 from megatron.checkpoint_tools.schema import TIED_PREFIX, ModelSchema
-from megatron.model.specs import EMBED_KEY, TIED_WEIGHTS, gpt_layer_specs
+from megatron.model.specs import TIED_WEIGHTS, gpt_layer_specs
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a layer list, as DeepSpeed's partitioner and a stage's module see it."""
+
+    name: str | None
+    """What `type:REGEX` matches: the class or function name (None: the partitioner skips
+    the entry)."""
+    params: tuple[str, ...]
+    """Full (current) names of the parameters it builds on its stage, in registration order."""
+    tied: bool = False
+    """A use of the tied embedding module (registered first on its stage)."""
 
 
 def _entry_name(spec) -> str | None:
-    """The name DeepSpeed's `type:REGEX` partitioner matches (None: it skips the entry)."""
     if isinstance(spec, LayerSpec):
         return spec.typename.__name__
     return getattr(spec, "__name__", None)
 
 
-def tied_names(schema: ModelSchema, bounds: list[int], stage: int) -> list[str]:
-    """The tied embedding's parameters built on stage `stage` (module docstring)."""
+def layer_entries(schema: ModelSchema, legacy: bool = False) -> list[Entry]:
+    """The layer list of `schema`'s model (`specs.py`); with `legacy`, the list our
+    checkpoints were saved with before issue 27 (`megatron/checkpoint/model_files.py`)."""
     specs = gpt_layer_specs(schema.args)
-    start, stop = bounds[stage], bounds[stage + 1]
-    if not any(isinstance(specs[i], TiedLayerSpec) for i in range(start, stop)):
-        return []
-    names = [n for n in schema.params if n.startswith(TIED_PREFIX)]
-    if start > 0:  # only the tied head here: the token table alone
-        names = [n for n in names if n[len(TIED_PREFIX) :] in TIED_WEIGHTS]
-    return names
+    tied = [n for n in schema.params if n.startswith(TIED_PREFIX)]
+    table = [n for n in tied if n[len(TIED_PREFIX) :] in TIED_WEIGHTS]
+    entries = []
+    for i, spec in enumerate(specs):
+        if isinstance(spec, TiedLayerSpec):  # the head builds the token table alone
+            entries.append(Entry(_entry_name(spec), tuple(tied if i == 0 else table), True))
+        else:
+            own = tuple(n for n in schema.params if n.startswith(f"{i}."))
+            entries.append(Entry(_entry_name(spec), own))
+    if not legacy:
+        return entries
+    embedding, layers, norm, head = entries[0], entries[2:-3], entries[-2], entries[-1]
+    words = tuple(n for n in embedding.params if n.endswith(tuple(TIED_WEIGHTS)))
+    positions = tuple(n for n in embedding.params if n not in words)
+    return [
+        Entry("WordEmbeddingPipe", words, embedding.tied),
+        Entry("PositionEmbeddingPipe", positions),
+        *layers,
+        norm,
+        head if not head.tied else Entry("WordEmbeddingPipe", head.params, True),
+    ]
 
 
-def _layer_weights(schema: ModelSchema, specs: list, method: str, tp: int) -> list[int]:
+def _weights(schema: ModelSchema, entries: list[Entry], method: str, tp: int) -> list[int]:
     if method == "parameters":
-        per_layer = [0] * len(specs)
-        for spec in schema.params.values():
-            numel = int(torch.Size(spec.shape).numel())
-            per_layer[spec.layer] += numel // tp if spec.partition_dim is not None else numel
-        head = len(specs) - 1
-        if isinstance(specs[head], TiedLayerSpec):  # the tied head builds the table alone
-            table = schema.params[TIED_PREFIX + TIED_WEIGHTS[0]]
-            per_layer[head] = int(torch.Size(table.shape).numel()) // tp
-        return per_layer
+        weights = []
+        for entry in entries:
+            specs = [schema.params[n] for n in entry.params]
+            weights.append(
+                sum(
+                    int(torch.Size(s.shape).numel()) // (tp if s.partition_dim is not None else 1)
+                    for s in specs
+                )
+            )
+        return weights
     pattern = re.compile(method.split(":", 1)[1], re.IGNORECASE)
-    names = [_entry_name(spec) for spec in specs]
+    names = [entry.name for entry in entries]
     weights = [1 if name and pattern.search(name) else 0 for name in names]
     if not any(weights):
         raise ValueError(
@@ -70,30 +99,55 @@ def _layer_weights(schema: ModelSchema, specs: list, method: str, tp: int) -> li
     return weights
 
 
-def stage_bounds(schema: ModelSchema, stages: int, tp: int = 1) -> list[int]:
-    """`[start_0, start_1, ..., end]`: stage `s` holds spec layers `[b[s], b[s + 1])`."""
-    specs = gpt_layer_specs(schema.args)
+def stage_bounds(schema: ModelSchema, stages: int, tp: int = 1, legacy: bool = False) -> list[int]:
+    """`[start_0, start_1, ..., end]`: stage `s` holds list entries `[b[s], b[s + 1])`."""
+    entries = layer_entries(schema, legacy)
     method = schema.args.pipe_partition_method.lower()
     if method == "uniform":
-        return [int(b) for b in partition_uniform(num_items=len(specs), num_parts=stages)]
+        return [int(b) for b in partition_uniform(num_items=len(entries), num_parts=stages)]
     if method != "parameters" and not method.startswith("type:"):
         raise ValueError(
             f"pipe_partition_method '{method}' is not valid; expected 'type:REGEX', "
             "'parameters' or 'uniform'"
         )
-    weights = _layer_weights(schema, specs, method, tp)
+    weights = _weights(schema, entries, method, tp)
     return [int(b) for b in partition_balanced(weights=weights, num_parts=stages)]
 
 
-def stage_parameter_names(schema: ModelSchema, bounds: list[int], stage: int) -> list[str]:
-    """Names of stage `stage`'s parameters in its module's `named_parameters` order."""
-    specs = gpt_layer_specs(schema.args)
-    start, stop = bounds[stage], bounds[stage + 1]
-    names = tied_names(schema, bounds, stage)
-    for i in range(start, stop):
-        if not isinstance(specs[i], TiedLayerSpec):
-            names += [n for n in schema.params if n.startswith(f"{i}.")]
+def stage_parameter_names(
+    schema: ModelSchema, bounds: list[int], stage: int, legacy: bool = False
+) -> list[str]:
+    """Names of stage `stage`'s parameters in its module's `named_parameters` order: the tied
+    embedding's first (the full module on the stage of its first use, the token table alone
+    on a stage with only the head), then each layer's."""
+    entries = layer_entries(schema, legacy)[bounds[stage] : bounds[stage + 1]]
+    tied = {n for entry in entries if entry.tied for n in entry.params}
+    names = [n for n in schema.params if n in tied]
+    for entry in entries:
+        if not entry.tied:
+            names += entry.params
     return names
+
+
+class StageModule(torch.nn.Module):
+    """The meta model's modules holding one stage's parameters, registered in the pipeline
+    stage's order (so `named_parameters` gives the stage's names and order)."""
+
+    def __init__(self, schema: ModelSchema, bounds: list[int], stage: int, legacy: bool = False):
+        super().__init__()
+        meta = schema.meta_model
+        for name in stage_parameter_names(schema, bounds, stage, legacy):
+            path = name.rsplit(".", 1)[0]
+            if not _has(self, path):
+                _graft(self, path, meta.get_submodule(path))
+
+
+def _has(root: torch.nn.Module, path: str) -> bool:
+    try:
+        root.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def _graft(root: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
@@ -106,36 +160,17 @@ def _graft(root: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
     root.add_module(last, module)
 
 
-class StageModule(torch.nn.Module):
-    """The meta model's modules of one stage, registered in the pipeline stage's order."""
-
-    def __init__(self, schema: ModelSchema, bounds: list[int], stage: int):
-        super().__init__()
-        specs = gpt_layer_specs(schema.args)
-        meta = schema.meta_model
-        start, stop = bounds[stage], bounds[stage + 1]
-        tied = tied_names(schema, bounds, stage)
-        if tied:  # the stage's own copy: the full module, or its token table alone
-            copy = torch.nn.ModuleDict({EMBED_KEY: torch.nn.Module()})
-            module = meta.tied_modules[EMBED_KEY]
-            for name in tied:
-                path = name[len(TIED_PREFIX) :].rsplit(".", 1)[0]
-                _graft(copy[EMBED_KEY], path, module.get_submodule(path))
-            self.tied_modules = copy
-        for i in range(start, stop):
-            if not isinstance(specs[i], TiedLayerSpec) and hasattr(meta, str(i)):
-                self.add_module(str(i), getattr(meta, str(i)))
-
-
-def optimizer_parameter_names(schema: ModelSchema, bounds: list[int], stage: int) -> list[str]:
+def optimizer_parameter_names(
+    schema: ModelSchema, bounds: list[int], stage: int, legacy: bool = False
+) -> list[str]:
     """Names in the order the stage's optimizer numbers them (decay group, then no-decay),
     from the training loop's own grouping rule."""
     from megatron.model.param_groups import param_groups
 
-    module = StageModule(schema, bounds, stage)
+    module = StageModule(schema, bounds, stage, legacy)
     names = {id(p): n for n, p in module.named_parameters()}
     order = [names[id(p)] for group in param_groups(module, 0.0) for p in group["params"]]
-    expected = stage_parameter_names(schema, bounds, stage)
+    expected = stage_parameter_names(schema, bounds, stage, legacy)
     if sorted(order) != sorted(expected):
         raise RuntimeError(f"stage {stage}: parameter order {order} does not cover {expected}")
     return order

@@ -143,7 +143,8 @@ def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
         for group in groups:
             hyper = {k: v for k, v in group.items() if k != "params"}
             full.groups.setdefault(str(group.get("name")), hyper)
-        for name, state in per_param.items():
+        for saved_name, state in per_param.items():
+            name = reader.current_name(saved_name)
             shards.setdefault(name, [])
             if len(shards[name]) < layout.tp:  # the tied embedding's copy on the last stage
                 shards[name].append(state)
