@@ -38,6 +38,7 @@ from megatron.checkpoint_tools.layout import (
 )
 from megatron.checkpoint_tools.schema import ModelSchema
 from megatron.model import ModelArgs
+from megatron.model.neox_names import from_neox
 
 
 def load_saved_config(layout: CheckpointLayout):
@@ -141,7 +142,7 @@ class CheckpointReader:
         """A plain engine's weights under the model's own names, from GPT-NeoX's sequential
         names or, from a folder of `OLD_NUMBERING`, its names."""
         if is_sequential(module):
-            return from_sequential(module, self.args.tied_embeddings)
+            return from_neox(from_sequential(module, self.args.tied_embeddings), self.args)
         return {self.current_name(name): value for name, value in module.items()}
 
     @functools.cached_property
@@ -182,7 +183,8 @@ class CheckpointReader:
                 files = [self.folder / layer_file(i, t) for i in indices]
                 if not files or not files[0].is_file():
                     return []
-                shards.append({prefix + k: v for f in files for k, v in _load(f).items()})
+                saved = {k: v for f in files for k, v in _load(f).items()}
+                shards.append({prefix + k: v for k, v in from_neox(saved, self.args).items()})
             return shards
         return [
             {k: v for k, v in module.items() if k.startswith(prefix)}

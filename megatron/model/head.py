@@ -19,6 +19,7 @@ from torch import nn
 
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init
+from megatron.model.neox_names import accept_neox_names
 from megatron.model.norms import build_norm
 from megatron.parallel import ColumnParallelLinear, gather_from_sequence_parallel_region
 from megatron.parallel.comm import group_size
@@ -31,6 +32,7 @@ class FinalNormPipe(nn.Module):
     def __init__(self, args: ModelArgs, tp_group=None):
         super().__init__()
         self.norm = build_norm(args, sequence_parallel=args.sequence_parallel)
+        accept_neox_names(self, args)  # GPT-NeoX's RMSNorm calls its weight `scale`
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(hidden)  # (s, b, h) or (s/tp, b, h) under SP

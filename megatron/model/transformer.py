@@ -29,6 +29,7 @@ from megatron.model.args import ModelArgs
 from megatron.model.attention import ParallelSelfAttention
 from megatron.model.attention_backends import tensor_parallel_dropout_context
 from megatron.model.moe import build_layer_mlp
+from megatron.model.neox_names import accept_neox_names
 from megatron.model.norms import build_norm
 
 
@@ -46,6 +47,7 @@ class TransformerLayer(nn.Module):
         self.attention = ParallelSelfAttention(args, layer_index, tp_group)
         self.post_attention_layernorm = self.build_post_attention_norm(args)
         self.mlp = build_layer_mlp(args, layer_index, tp_group, ep_group)  # dense or experts
+        accept_neox_names(self, args)  # a file of GPT-NeoX's current trainer loads too
 
     def build_post_attention_norm(self, args: ModelArgs) -> nn.Module | None:
         return build_norm(args, sequence_parallel=args.sequence_parallel)

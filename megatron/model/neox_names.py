@@ -1,0 +1,101 @@
+"""GPT-NeoX's current tensor names and layouts inside a layer, read as ours.
+
+Our layers store what older GPT-NeoX stored (its Pythia checkpoints, its HF-to-sequential
+converter): `mlp.dense_h_to_4h`, `mlp.dense_4h_to_h`, norms' `weight`; GPT-NeoX's converter
+reads those. GPT-NeoX's current trainer writes other names, and for Llama-style models other
+layouts, per tensor-parallel rank (its `ParallelMLP`, `Gated_Activation`, `RMSNorm` and
+`ParallelSelfAttention.gqa_project`):
+
+| GPT-NeoX now                      | ours                                                    |
+| --------------------------------- | ------------------------------------------------------- |
+| `mlp.linear1.*` (plain MLP)       | `mlp.dense_h_to_4h.*`                                   |
+| `mlp.linear1.*` (gated MLP)       | rows `[:half]` `mlp.dense_h_to_4h.*` (the value), rows  |
+|                                   | `[half:]` `mlp.dense_h_to_4h_gate.*` (the gate)         |
+| `mlp.linear2.*`                   | `mlp.dense_4h_to_h.*`                                   |
+| `*norm.scale` (RMSNorm)           | `*norm.weight`                                          |
+| `attention.query_key_value.*` with key/value heads fewer than query heads: rows           |
+| `[q of all local heads, k, v]`    | grouped per key/value head, `(nkv, nq/nkv + 2, d)`      |
+
+(Without grouped-query attention both store `query_key_value` per head as `[q | k | v]`.) The
+grouped-query rows tell no name apart, so they are reordered when the layer is in GPT-NeoX's
+current names (`linear1`, `linear2` or `scale` present), which our checkpoints never use.
+Buffers GPT-NeoX saves and we compute (`inv_freq` of its sinusoidal and, with
+`rotary_save_freqs_buffer`, rotary encodings; ALiBi's `slopes`) are dropped.
+
+`from_neox` converts one rank's state (any keys: a layer file, or a whole plain model's);
+`accept_neox_names` registers it as a load pre-hook on a layer, so DeepSpeed's loads (per-layer
+files and the plain engine's module) read GPT-NeoX's files directly; the checkpoint tools call
+`from_neox` on what they read.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from megatron.model.activations import build_activation
+from megatron.model.args import ModelArgs
+
+_NEOX_ONLY = re.compile(
+    r"(^|\.)(mlp\.linear[12]\.|[a-z_]*norm\.scale$)|" + r"(inv_freq|alibi_embed\.slopes)$"
+)
+_RECOMPUTED = re.compile(r"(inv_freq|alibi_embed\.slopes)$")
+
+
+def in_neox_names(state) -> bool:
+    """Whether any key is one of GPT-NeoX's current names (module docstring)."""
+    return any(_NEOX_ONLY.search(name) for name in state)
+
+
+def _grouped_qkv(rows: torch.Tensor, args: ModelArgs) -> torch.Tensor:
+    """One rank's GPT-NeoX grouped-query `[q | k | v]` rows in our per-group order."""
+    per_kv, d = args.num_attention_heads // args.kv_heads, args.head_dim
+    kv_local = rows.shape[0] // ((per_kv + 2) * d)
+    q, k, v = rows.split([kv_local * per_kv * d, kv_local * d, kv_local * d])
+    tail = rows.shape[1:]
+    parts = (q.view(kv_local, per_kv * d, *tail), k.view(kv_local, d, *tail))
+    return torch.cat((*parts, v.view(kv_local, d, *tail)), dim=1).reshape(rows.shape)
+
+
+def from_neox(state: dict, args: ModelArgs) -> dict:
+    """One tensor-parallel rank's tensors under our names and layouts (module docstring); a
+    state not in GPT-NeoX's current names comes back unchanged."""
+    if not in_neox_names(state):
+        return state
+    gated = build_activation(args.activation).gated
+    grouped = args.kv_heads != args.num_attention_heads
+    out = {}
+    for name, value in state.items():
+        if _RECOMPUTED.search(name):
+            continue
+        if ".linear1." in name:
+            ours = name.replace("linear1.", "dense_h_to_4h.")
+            if gated:
+                value, gate = value.chunk(2, dim=0)
+                out[ours.replace("dense_h_to_4h.", "dense_h_to_4h_gate.")] = gate.clone()
+                value = value.clone()
+            out[ours] = value
+        elif ".linear2." in name:
+            out[name.replace("linear2.", "dense_4h_to_h.")] = value
+        elif name.endswith("norm.scale"):
+            out[name[: -len("scale")] + "weight"] = value
+        elif grouped and "attention.query_key_value." in name:
+            out[name] = _grouped_qkv(value, args)
+        else:
+            out[name] = value
+    return out
+
+
+def accept_neox_names(module: torch.nn.Module, args: ModelArgs) -> None:
+    """Let `module` load a state in GPT-NeoX's current names (its keys under the prefix)."""
+
+    def hook(_module, state_dict, prefix, *_):
+        own = {k[len(prefix) :]: state_dict[k] for k in list(state_dict) if k.startswith(prefix)}
+        if not in_neox_names(own):
+            return
+        for key in own:
+            del state_dict[prefix + key]
+        state_dict.update({prefix + k: v for k, v in from_neox(own, args).items()})
+
+    module.register_load_state_dict_pre_hook(hook)
