@@ -38,6 +38,18 @@ def expected_layer_files(args, tp: int) -> dict[int, list[str]]:
     }
 
 
+def migration(folder: Path) -> str:
+    """Why a folder of `OLD_NUMBERING` is not loaded by the engine, and the tool that rewrites
+    it in the current numbering (weights and optimizer state)."""
+    return (
+        f"{folder} was saved in {OLD_NUMBERING} (a layer_01 file, or a plain module in the "
+        "model's own names), which the engine no longer loads; rewrite it in GPT-NeoX's "
+        f"numbering with python tools/reshard.py --checkpoint {folder} --output <new folder> "
+        "and this run's --model-parallel-size, --pipe-parallel-size and --zero-stage "
+        "(deepy.py's pre-flight prints the whole command), then load the new folder"
+    )
+
+
 def layer_files_in(folder: Path) -> set[str]:
     return {p.name for p in Path(folder).iterdir() if LAYER_FILE.match(p.name)}
 

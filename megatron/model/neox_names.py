@@ -48,6 +48,13 @@ def in_neox_names(state) -> bool:
     return any(_NEOX_ONLY.search(name) for name in state)
 
 
+def our_name(name: str) -> str:
+    """A tensor's name in GPT-NeoX's current names as ours (a gated `linear1` becomes its value
+    half's, `dense_h_to_4h`)."""
+    name = name.replace(".linear1.", ".dense_h_to_4h.").replace(".linear2.", ".dense_4h_to_h.")
+    return name[: -len("scale")] + "weight" if name.endswith("norm.scale") else name
+
+
 def _grouped_qkv(rows: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     """One rank's GPT-NeoX grouped-query `[q | k | v]` rows in our per-group order."""
     per_kv, d = args.num_attention_heads // args.kv_heads, args.head_dim
@@ -69,21 +76,14 @@ def from_neox(state: dict, args: ModelArgs) -> dict:
     for name, value in state.items():
         if _RECOMPUTED.search(name):
             continue
-        if ".linear1." in name:
-            ours = name.replace("linear1.", "dense_h_to_4h.")
-            if gated:
-                value, gate = value.chunk(2, dim=0)
-                out[ours.replace("dense_h_to_4h.", "dense_h_to_4h_gate.")] = gate.clone()
-                value = value.clone()
-            out[ours] = value
-        elif ".linear2." in name:
-            out[name.replace("linear2.", "dense_4h_to_h.")] = value
-        elif name.endswith("norm.scale"):
-            out[name[: -len("scale")] + "weight"] = value
+        ours = our_name(name)
+        if gated and ".linear1." in name:
+            value, gate = value.chunk(2, dim=0)
+            out[ours.replace(".dense_h_to_4h.", ".dense_h_to_4h_gate.")] = gate.clone()
+            value = value.clone()
         elif grouped and "attention.query_key_value." in name:
-            out[name] = _grouped_qkv(value, args)
-        else:
-            out[name] = value
+            value = _grouped_qkv(value, args)
+        out[ours] = value
     return out
 
 

@@ -49,10 +49,12 @@ from megatron.checkpoint.folders import (
     write_latest,
 )
 from megatron.checkpoint.neox_layout import config_json
+from megatron.checkpoint.neox_resume import is_neox_checkpoint
 from megatron.checkpoint.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 from megatron.checkpoint.size import free_bytes_at
 from megatron.config.verbosity import quiet_deepspeed
 from megatron.training.checkpoint.disk_space import ensure_room, stop_on_failure
+from megatron.training.checkpoint.load_checks import check_model_files, neox_resume_state
 from megatron.training.checkpoint.neox_files import (
     client_state,
     is_plain,
@@ -240,7 +242,12 @@ class CheckpointIO:
             log.info("no checkpoint under %s (no '%s' file): starting afresh", load_dir, LATEST)
             return None
         folder = Path(load_dir) / tag
-        state = self._trainer_state(folder, required=not finetune)
+        check_model_files(self.engine, folder)
+        if not finetune and is_neox_checkpoint(folder):  # a run GPT-NeoX saved
+            tied = not (self.config_dict or {}).get("no_weight_tying", False)
+            state = neox_resume_state(self.engine, folder, load_optim, tied)
+        else:
+            state = self._trainer_state(folder, required=not finetune)
         if load_optim and not finetune and not state.get("optimizer_saved", True):
             log.warning("%s was saved without optimizer states (no_save_optim)", folder)
             load_optim = False

@@ -19,6 +19,7 @@ import contextlib
 import torch
 from deepspeed.runtime.pipe.module import PipelineModule
 
+from megatron.checkpoint.model_files import migration
 from megatron.checkpoint.neox_layout import (
     from_sequential,
     is_sequential,
@@ -53,6 +54,8 @@ def load_module(src: dict, dst) -> None:
     reconstruction from the partitions) loads as it is. Strict, as DeepSpeed's default."""
     if is_sequential(src):
         src = from_sequential(src, tied=dst.args.tied_embeddings)
+    elif set(src) - set(dst.state_dict()):  # a checkpoint of ours from before issue 27
+        raise ValueError(migration("the checkpoint"))
     dst.load_state_dict(src, strict=True)
 
 
