@@ -5,9 +5,9 @@ GPT-NeoX's save writes DeepSpeed's files (the layer files in our numbering,
 `megatron/model/specs.py`) and, in every engine-state file, `iteration`, `args` and its LR
 scheduler's state under DeepSpeed's `lr_scheduler` entry (`start_lr`, `warmup_iter`,
 `num_iters`, `decay_style`, `end_iter`, `min_lr`); it writes no `trainer_state.pt` and no
-`config.json` (its configs go to `configs/`). It counts no consumed samples: its loader starts
-a resumed run at `iteration × train_batch_size` samples, and so does ours
-(`neox_trainer_state`).
+`config.json` (its configs go to `configs/`), which tells its folders from ours. It counts
+no consumed samples: its loader starts a resumed run at `iteration × train_batch_size`
+samples, and so does ours (`neox_trainer_state`).
 
 Its optimizer state loads as DeepSpeed saved it when every model-parallel rank numbers the
 same parameters in the same groups as ours (`grouping_problem`). GPT-NeoX groups by the same
@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron.checkpoint.deepspeed_files import ZERO_MODEL_FILE, mp_rank_file, zero_model_file
-from megatron.checkpoint.folders import TRAINER_STATE
+from megatron.checkpoint.folders import CONFIG_FILE, TRAINER_STATE
 from megatron.checkpoint.neox_layout import from_sequential, is_sequential
 from megatron.checkpoint.safe_load import load_file
 from megatron.model.neox_names import our_name
@@ -52,10 +52,11 @@ def engine_state_file(folder: Path, mp_rank: int = 0) -> Path:
 
 
 def is_neox_checkpoint(folder: Path) -> bool:
-    """A folder GPT-NeoX saved: no `trainer_state.pt`, and GPT-NeoX's `iteration` entry in
-    its engine state."""
+    """A folder GPT-NeoX saved: GPT-NeoX's `iteration` entry in its engine state, and neither
+    our `trainer_state.pt` nor our `config.json` (so one of ours that lost its trainer state
+    is not taken for one)."""
     folder = Path(folder)
-    if (folder / TRAINER_STATE).is_file():
+    if (folder / TRAINER_STATE).is_file() or (folder / CONFIG_FILE).is_file():
         return False
     path = engine_state_file(folder)
     return path.is_file() and "iteration" in load_file(path, mmap=True)

@@ -23,6 +23,9 @@ loads only its own slice of the experts, `megatron/checkpoint/experts.py`) for t
 ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
 universal layout, restored at any data-parallel size (`megatron/checkpoint_tools/reshard.py`;
 `megatron/checkpoint_tools/universal.py::universal_target_problem` says which runs can).
+At the run's layout the weight files themselves are compared with the model
+(`megatron/preflight/checkpoint_files.py`), and a folder GPT-NeoX saved (no
+`trainer_state.pt`) resumes from its own entries (`megatron/checkpoint/neox_resume.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import dataclasses
 from pathlib import Path
 
 from megatron.checkpoint.deepspeed_files import ZERO_OPTIM_FILE
+from megatron.checkpoint.model_files import OLD_NUMBERING
+from megatron.checkpoint.neox_resume import is_neox_checkpoint
 from megatron.checkpoint_tools.experts import saved_expert_parallel_size
 from megatron.checkpoint_tools.layout import (
     COMPLETE,
@@ -53,6 +58,7 @@ from megatron.config.resolve import is_training_script
 from megatron.model import ModelArgs
 from megatron.model.args import CONFIG_ONLY
 from megatron.model.hf_config import NEUTRAL
+from megatron.preflight.checkpoint_files import describe, file_problems, is_old_numbering
 from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
 
 NAME = "load"
@@ -160,8 +166,10 @@ def _layout_problem(layout, cfg: Config) -> str:
     return ""
 
 
-def _layout_finding(layout, cfg: Config) -> Finding | None:
-    problem = _layout_problem(layout, cfg)
+def _layout_finding(layout, cfg: Config, problem: str | None = None) -> Finding | None:
+    """The refusal of `layout` (`problem`, else `_layout_problem`'s), with the command that
+    converts the folder for this run."""
+    problem = problem or _layout_problem(layout, cfg)
     if not problem:
         return None
     p = cfg.parallel
@@ -243,6 +251,34 @@ def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
     return found
 
 
+def _file_findings(layout, cfg: Config) -> list[Finding]:
+    """The folder's weight files against the model the run builds (`checkpoint_files.py`)."""
+    if cfg.moe.moe_num_experts > 1:  # each expert-parallel rank's files hold a slice
+        return []
+    if is_old_numbering(layout.folder, layout.pipeline):
+        problem = f"it is in {OLD_NUMBERING}, which the engine no longer loads"
+        return [_layout_finding(layout, cfg, problem)]
+    try:  # the padded vocabulary the trainer keeps, as `_model_findings` compares
+        padded = load_saved_config(layout).model.padded_vocab_size
+        cfg = cfg.replace(padded_vocab_size=resumed_padded_vocab(cfg, padded))
+    except (CheckpointError, ValueError, TypeError, KeyError):
+        pass  # no config.json (GPT-NeoX writes none): the config's own vocabulary
+    args = ModelArgs.from_config(cfg)
+    problems = file_problems(layout.folder, args, layout.tp, layout.pipeline)
+    if not problems:
+        return []
+    return [
+        Finding(
+            NAME,
+            ERROR,
+            f"{layout.folder}'s weight files do not hold the model the config builds: "
+            f"{describe(problems)}. Set the model keys (num_layers, hidden_size, "
+            "no_weight_tying, ...) to those of the run that wrote it, or load a complete "
+            "folder of this model",
+        )
+    ]
+
+
 def _folder(cfg: Config, training: bool) -> tuple[Path | None, list[Finding]]:
     load = Path(cfg.checkpointing.load)
     if training:
@@ -267,7 +303,8 @@ def check_load(cfg: Config, script: str) -> list[Finding]:
     folder, findings = _folder(cfg, training)
     if folder is None:
         return findings
-    if training and not c.finetune and not (folder / TRAINER_STATE).is_file():
+    resumable = (folder / TRAINER_STATE).is_file() or is_neox_checkpoint(folder)
+    if training and not c.finetune and not resumable:
         return findings + [
             Finding(
                 NAME,
@@ -283,4 +320,7 @@ def check_load(cfg: Config, script: str) -> list[Finding]:
     bad_layout = _layout_finding(layout, cfg) if training else None
     bad_key = _universal_key_finding(folder, cfg) if training else None
     bad = [f for f in (bad_layout, bad_key) if f]
-    return findings + bad + _model_findings(layout, cfg, training)
+    model = _model_findings(layout, cfg, training)
+    if training and bad_layout is None and not any(f.level == ERROR for f in model):
+        bad += _file_findings(layout, cfg)  # config.json agrees, or there is none
+    return findings + bad + model

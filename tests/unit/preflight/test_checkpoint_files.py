@@ -1,0 +1,65 @@
+"""The `load` pre-flight compares a folder's weight files with the model the config builds
+(issue 27): a folder as GPT-NeoX saves it (its layer numbering, no `config.json`, no
+`trainer_state.pt`: index 0 the embedding, 2 .. L+1 the layers, L+3 the final norm, L+4 the
+untied head) resumes; a missing layer file, a file of another shape, extra layers, or our old
+numbering (a layer 01 file) are refused before launch, naming the file and the fix."""
+
+from __future__ import annotations
+
+import torch
+
+from megatron.preflight import ERROR, OK, WARNING
+from tests.unit.preflight.test_checkpoints import config, levels, load_findings, write
+
+UNTIED = dict(no_weight_tying=True)
+FILE = "layer_{:02d}-model_00-model_states.pt"
+
+
+def neox_folder(tmp_path, **keys):
+    """Our checkpoint without our own files: the files GPT-NeoX writes (module docstring)."""
+    folder = write(tmp_path, config(**UNTIED, **keys))
+    (folder / "trainer_state.pt").unlink()
+    (folder / "config.json").unlink()
+    return folder
+
+
+def test_a_neox_folder_resumes_and_its_files_are_checked(tmp_path):
+    folder = neox_folder(tmp_path)
+    assert sorted(p.name for p in folder.glob("layer_*")) == [
+        FILE.format(i) for i in (0, 2, 3, 5, 6)
+    ]
+    found = load_findings(tmp_path, **UNTIED)
+    assert levels(found) == [WARNING]  # no config.json: the shapes come from the files
+    assert all("layer_" not in f.message for f in found)
+
+
+def test_a_missing_layer_file_is_named(tmp_path):
+    folder = neox_folder(tmp_path)
+    (folder / FILE.format(5)).unlink()
+    errors = [f for f in load_findings(tmp_path, **UNTIED) if f.level == ERROR]
+    assert len(errors) == 1
+    assert f"{FILE.format(5)} is missing (layer 5: norm.weight" in errors[0].message
+    assert "Set the model keys" in errors[0].message
+
+
+def test_another_model_is_named_file_by_file(tmp_path):
+    neox_folder(tmp_path)
+    (error,) = [f for f in load_findings(tmp_path, hidden_size=32, **UNTIED) if f.level == ERROR]
+    assert FILE.format(0) in error.message and "'word_embeddings.weight' is (512, 64)" in (
+        error.message
+    )
+    (error,) = [f for f in load_findings(tmp_path, num_layers=1, **UNTIED) if f.level == ERROR]
+    assert "hold layers this model does not build" in error.message
+
+
+def test_our_old_numbering_is_refused_with_the_migration(tmp_path):
+    folder = write(tmp_path, config(**UNTIED))
+    torch.save({}, folder / FILE.format(1))  # the old layer list's position stage
+    (error,) = [f for f in load_findings(tmp_path, **UNTIED) if f.level == ERROR]
+    assert "the layer numbering of our checkpoints before issue 27" in error.message
+    assert f"python tools/reshard.py --checkpoint {folder}" in error.message
+
+
+def test_our_own_folder_still_passes(tmp_path):
+    write(tmp_path, config(**UNTIED))
+    assert levels(load_findings(tmp_path, **UNTIED)) == [OK]
