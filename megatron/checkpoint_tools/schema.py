@@ -82,7 +82,8 @@ class ModelSchema:
 
     @property
     def num_spec_layers(self) -> int:
-        """Length of the layer spec list (embedding, positions, layers, final norm, head)."""
+        """Length of the layer spec list (`specs.py`: embedding, a function, layers, a function,
+        final norm, head)."""
         return layer_index(self.args, "head") + 1
 
     def layer_params(self, layer: int) -> list[ParamSpec]:
