@@ -137,7 +137,8 @@ def test_loss_and_gradients_on_a_real_tiny_model():
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
     reference.backward()
     for name, p in twin.named_parameters():
-        assert_close(grads[name], p.grad, f"gradient of {name}")
+        # packed rows against one sequence at a time: fp32 sums in another order
+        assert_close(grads[name], p.grad, f"gradient of {name}", tol=1e-4)
 
 
 def test_value_head_model_inputs_put_chosen_rows_first():
