@@ -1,5 +1,6 @@
 """Our weights -> a Hugging Face model directory (`GPTNeoXForCausalLM`, `LlamaForCausalLM`,
-`MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or `MixtralForCausalLM`).
+`MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `MixtralForCausalLM` or, for a
+model of `mamba` layers only, `MambaForCausalLM`).
 
     export_hf(reader.state_dict(), reader.args, "hf_out", tokenizer_cfg=reader.cfg.tokenizer)
 
@@ -34,7 +35,15 @@ import torch
 
 from megatron.checkpoint_tools.hf_reward import reward_config, reward_difference
 from megatron.checkpoint_tools.tokenizer_files import export_tokenizer
-from megatron.model import HF_ARCHITECTURES, ModelArgs, family_of, hf_config, name_map, to_hf
+from megatron.model import (
+    HF_ARCHITECTURES,
+    ModelArgs,
+    family_of,
+    hf_config,
+    is_mamba_model,
+    name_map,
+    to_hf,
+)
 
 ARCHITECTURES = ("auto", *HF_ARCHITECTURES)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -60,11 +69,13 @@ class ExportResult:
 def choose_architecture(args: ModelArgs, requested: str = "auto") -> str:
     """`requested`, or for `auto`: GPT-NeoX for LayerNorm models; for RMSNorm ones Llama, or
     the Llama-like class its attention variants need (`family_of`: Qwen3 for QK-norm, Qwen2
-    for q/k/v-only biases, Mistral for a sliding window)."""
+    for q/k/v-only biases, Mistral for a sliding window); Mamba for `mamba` layers only."""
     if requested not in ARCHITECTURES:
         raise ValueError(f"architecture '{requested}' is not valid; choose one of {ARCHITECTURES}")
     if requested != "auto":
         return requested
+    if is_mamba_model(args):
+        return "mamba"
     return family_of(args) if args.norm == "rmsnorm" else "gpt_neox"
 
 
@@ -80,6 +91,7 @@ def hf_config_object(args: ModelArgs, arch: str, vocab_size: int | None, dtype, 
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mixtral": transformers.MixtralConfig,
+        "mamba": transformers.MambaConfig,
     }
     config = config_cls[arch](
         **hf_config(args, arch, vocab_size),

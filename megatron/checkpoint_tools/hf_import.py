@@ -1,4 +1,4 @@
-"""A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2, Qwen3 or Mixtral model directory -> our
+"""A Hugging Face GPT-NeoX, Llama, Mistral, Qwen2, Qwen3, Mixtral or Mamba model directory -> our
 checkpoint at any tp/pp layout (and, for Mixtral, any expert-parallel size `ep`).
 
     result = import_hf("pythia-160m", "checkpoints/pythia", tp=2, pp=2)
@@ -27,6 +27,7 @@ from types import SimpleNamespace
 import torch
 
 from megatron.checkpoint_tools.hf_family_keys import WINDOW_KEYS, family_keys
+from megatron.checkpoint_tools.hf_mamba_keys import mamba_keys
 from megatron.checkpoint_tools.reshard import check_layout, tokenizer_vocab_size
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.tokenizer_files import import_tokenizer
@@ -42,7 +43,7 @@ from megatron.model import (
 )
 from megatron.model.hf_names import hf_names_of
 
-MODEL_TYPES = {k: k for k in ("gpt_neox", "llama", "mistral", "qwen2", "qwen3", "mixtral")}
+MODEL_TYPES = {k: k for k in ("gpt_neox", "llama", "mistral", "qwen2", "qwen3", "mixtral", "mamba")}
 # Non-weight tensors some Hugging Face checkpoints carry (recomputed by the model).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")
 # Keys of a Hugging Face rope dict that are not `rope_scaling` fields (ours: rotary_emb_base,
@@ -51,7 +52,8 @@ ROPE_OWN_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 SNIPPET = "hf_import.yml"
 # Training keys the config system requires, for the config recorded beside the weights only
 # (a run's own config files set them).
-RECORD_DEFAULTS = {"train_micro_batch_size_per_gpu": 1, "lr": 1.0e-4}
+# (Mamba's config has no length: its `seq_length` comes from here unless a config file sets it.)
+RECORD_DEFAULTS = {"train_micro_batch_size_per_gpu": 1, "lr": 1.0e-4, "seq_length": 2048}
 
 
 @dataclass
@@ -123,6 +125,8 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
             f"model_type '{hf.get('model_type')}' is not supported; expected one of "
             f"{', '.join(MODEL_TYPES)}"
         )
+    if arch == "mamba":
+        return arch, mamba_keys(hf)
     theta, pct, scaling = _rope(hf)
     if int(theta) != theta:
         raise ValueError(f"rope_theta {theta} is not an integer (rotary_emb_base is one)")
@@ -179,6 +183,11 @@ def model_keys_from_hf(hf: dict) -> tuple[str, dict]:
 
 def _check_round_trip(hf: dict, args: ModelArgs, arch: str) -> None:
     back = hf_config(args, arch, hf["vocab_size"])  # raises for inexpressible settings
+    if arch == "mamba":  # no positions, no rope
+        differ = {k: (hf.get(k), v) for k, v in back.items() if k in hf and hf[k] != v}
+        if differ:
+            raise ValueError(f"these Hugging Face settings would not survive conversion: {differ}")
+        return
     theta, pct, scaling = _rope(hf)
     rope = back.pop("rope_parameters")
     back.pop("attention_dropout", None)

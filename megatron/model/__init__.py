@@ -36,6 +36,7 @@ from megatron.model.gpt import (
 )
 from megatron.model.hf_config import hf_config
 from megatron.model.hf_families import family_of  # registers Mistral, Qwen2, Qwen3
+from megatron.model.hf_mamba import is_mamba_model  # registers Mamba
 from megatron.model.hf_mixtral import fuse_stored_experts  # registers Mixtral
 from megatron.model.hf_names import HF_ARCHITECTURES, from_hf, fuse_qkv, name_map, split_qkv, to_hf
 from megatron.model.loss import loss_fn
@@ -55,6 +56,7 @@ __all__ = [
     "count_parameters",
     "family_of",
     "fuse_stored_experts",
+    "is_mamba_model",
     "from_hf",
     "full_state_dict",
     "fuse_qkv",

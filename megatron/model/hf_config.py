@@ -75,6 +75,19 @@ CARRIED = frozenset(
         "value_head",
     }
 )
+# Options only `mamba` layers read: the attention classes' ATTENTION_RULE admits no Mamba
+# layer, and the Mamba class's rules check them (`hf_mamba.py`). Its kernel switches compute
+# the reference's function, and fp32 storage of A_log and D is a training-time choice.
+MAMBA_LAYER_OPTIONS = frozenset(
+    {
+        "mamba_selective_scan_fusion",
+        "mamba_causal_conv_fusion",
+        "mamba_inner_func_fusion",
+        "mamba_selective_fp32_params",
+        "mamba_use_bias_in_conv",
+        "mamba_use_bias_in_linears",
+    }
+)
 # Attention types that are all full causal softmax attention (only the kernel differs).
 FULL_CAUSAL_ATTENTION = ("global", "flash", "sdpa")
 
@@ -221,7 +234,7 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
 
 def unclassified(spec: HFConfigSpec, args_type: type = ModelArgs) -> list[str]:
     """`ModelArgs` fields the spec says nothing about (each must be classified)."""
-    known = NEUTRAL | CARRIED | MOE_DEPENDENT | spec.free | set(spec.rules)
+    known = NEUTRAL | CARRIED | MOE_DEPENDENT | MAMBA_LAYER_OPTIONS | spec.free | set(spec.rules)
     return [f.name for f in dataclasses.fields(args_type) if f.name not in known]
 
 

@@ -7,7 +7,9 @@ the same indices GPT-NeoX's tools read our checkpoints and we read GPT-NeoX's. W
     0          EmbeddingPipe            tokens, learned positions, dropout (TiedLayerSpec
                                         "embed" unless no_weight_tying)
     1          before_transformer_layers   a function: to (s, b, h), SP scatter (no file)
-    2 .. L+1   transformer layers       (class chosen by the residual style)
+    2 .. L+1   transformer layers       (class chosen by the residual style; a `mamba` layer
+                                        of `attention_config` is `megatron/model/mamba.py::
+                                        MambaTransformerLayer`)
     L+2        after_transformer_layers    a function: drops the position ids (no file)
     L+3        FinalNormPipe
     L+4        OutputHeadPipe, or the tied "embed" module's `project_to_vocab` (no file: the
@@ -45,11 +47,16 @@ from megatron.model.embedding import (
     to_transformer_layout,
 )
 from megatron.model.head import FinalNormPipe, OutputHeadPipe, ValueHeadPipe
+from megatron.model.mamba import MambaTransformerLayer
 from megatron.model.transformer import TRANSFORMER_LAYERS, transformer_layer_class
 
 EMBED_KEY = "embed"
 TIED_WEIGHTS = ["word_embeddings.weight"]
-TRANSFORMER_LAYER_NAMES = sorted({cls.__name__ for cls in TRANSFORMER_LAYERS.values()})
+# Layers that replace a whole transformer layer, by their `attention_config` type.
+BLOCK_LAYERS = {"mamba": MambaTransformerLayer}
+TRANSFORMER_LAYER_NAMES = sorted(
+    {cls.__name__ for cls in (*TRANSFORMER_LAYERS.values(), *BLOCK_LAYERS.values())}
+)
 """Class names of the transformer layers: the layers DeepSpeed may checkpoint."""
 
 
@@ -155,7 +162,8 @@ def gpt_layer_specs(args: ModelArgs, tp_group=None, ep_group=None) -> list:
     specs: list = [embedding, before]
     for i in range(args.num_layers):
         layer_seed = seed + layer_index(args, "layer", i)
-        specs.append(SeededLayerSpec(layer_seed, layer_cls, args, i, tp_group, ep_group))
+        cls = BLOCK_LAYERS.get(args.attention_type(i), layer_cls)
+        specs.append(SeededLayerSpec(layer_seed, cls, args, i, tp_group, ep_group))
     specs.append(LayerFunction("after_transformer_layers", drop_position_ids))
     norm_seed = seed + layer_index(args, "final_norm")
     specs.append(SeededLayerSpec(norm_seed, FinalNormPipe, args, tp_group))

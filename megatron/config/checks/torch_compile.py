@@ -10,7 +10,8 @@ defeat it, and each is refused here rather than left to run differently from wha
   would not be the eager run's;
 - the fused CUDA kernels (`torch.ops.megatron_fused_softmax`, `torch.ops.megatron_fused_rotary`)
   have no fake-tensor implementation, so Dynamo cannot trace them; inductor fuses the softmax
-  and the rotation itself.
+  and the rotation itself. The same holds for Mamba's `mamba-ssm`/`causal-conv1d` kernels
+  (`MAMBA_FUSION_KEYS`).
 
 ZeRO stage 3 is allowed: DeepSpeed excludes its parameter-gathering hooks from compilation
 (`torch.compiler.disable`), which splits each layer's graph at every sub-module, but the
@@ -29,6 +30,11 @@ from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
 
 HOW = "set torch_compile: false, or"
+MAMBA_FUSION_KEYS = (
+    "mamba_selective_scan_fusion",
+    "mamba_causal_conv_fusion",
+    "mamba_inner_func_fusion",
+)
 
 
 def _fused_kernels_in_use(cfg: Config) -> list[str]:
@@ -44,6 +50,8 @@ def _fused_kernels_in_use(cfg: Config) -> list[str]:
         ]
     if m.rope_fusion and m.pos_emb == "rotary":
         keys.append("rope_fusion")
+    if "mamba" in types:
+        keys += [k for k in MAMBA_FUSION_KEYS if getattr(m, k)]
     return keys
 
 

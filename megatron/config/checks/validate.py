@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from megatron.config.checks.curriculum import validate_curriculum
 from megatron.config.checks.data import validate_data
+from megatron.config.checks.mamba import MAMBA, validate_mamba
 from megatron.config.checks.optimizer_engines import validate_optimizer_engine
 from megatron.config.checks.torch_compile import validate_torch_compile
 from megatron.config.config import Config
@@ -81,11 +82,11 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     for p in ("hidden_dropout", "attention_dropout"):
         if not 0 <= getattr(m, p) < 1:
             raise ConfigError(f"{p}{_src(sources, p)} must be in [0, 1)")
-    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa"})
+    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa", MAMBA})
     if bad:
         raise ConfigError(
             f"attention_config{_src(sources, 'attention_config')}: attention types {bad} are not "
-            "supported; valid: 'global', 'flash', 'sdpa'"
+            f"supported; valid: 'global', 'flash', 'sdpa', '{MAMBA}'"
         )
 
 
@@ -186,6 +187,7 @@ def validate_checkpoint_policy(cfg: Config, sources: dict[str, str]) -> None:
 
 def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_model(cfg, sources)
+    validate_mamba(cfg, sources)
     validate_hpz(cfg.parallel, sources)  # before the general ZeRO checks: says more
     validate_parallel(cfg, sources)
     validate_optimizer_engine(cfg, sources)

@@ -134,7 +134,8 @@ class ModelConfig:
     attention_config: list[Any] | None = None
     """Attention type per layer as GPT-NeoX writes it, e.g. `[[["global"], 12]]`. Types:
     `global` (masked softmax; fused kernel when `scaled_upper_triang_masked_softmax_fusion`),
-    `flash` or `sdpa` (torch scaled_dot_product_attention). Default: all `global`."""
+    `flash` or `sdpa` (torch scaled_dot_product_attention), and `mamba` (a Mamba block in
+    place of the whole layer, `megatron/model/mamba.py`). Default: all `global`."""
 
     scaled_upper_triang_masked_softmax_fusion: bool = False
     """Use the fused CUDA causal scale-mask-softmax kernel where it applies."""
@@ -182,6 +183,32 @@ class ModelConfig:
 
     profile_backward: bool = False
     """Time the backward pass of checkpointed layers."""
+
+    mamba_selective_scan_fusion: bool = False
+    """`mamba` layers: run the selective scan with `mamba-ssm`'s CUDA kernel (the same
+    function as the PyTorch reference scan used otherwise, and on CPU). Needs `mamba-ssm`."""
+
+    mamba_causal_conv_fusion: bool = False
+    """`mamba` layers: run the causal convolution with `causal-conv1d`'s CUDA kernel (the same
+    function as the PyTorch convolution used otherwise). Needs `causal-conv1d`."""
+
+    mamba_inner_func_fusion: bool = False
+    """`mamba` layers: run the whole mixer after `in_proj` with `mamba-ssm`'s fused
+    `mamba_inner_fn` on CUDA (supersedes the two switches above; the same function). Needs
+    `mamba-ssm` and `causal-conv1d`; cannot be combined with `mamba_use_bias_in_linears`."""
+
+    mamba_selective_fp32_params: bool = True
+    """`mamba` layers: keep `A_log` and `D` in fp32 inside an fp16/bf16 model (GPT-NeoX's
+    default, which needs DeeperSpeed's uncast parameters). DeepSpeed here stores every module
+    parameter in the training dtype, so under fp16/bf16 this must be set to false (the scan
+    still reads them in fp32); in fp32 training it holds either way."""
+
+    mamba_use_bias_in_conv: bool = True
+    """`mamba` layers: the depthwise causal convolution has a bias."""
+
+    mamba_use_bias_in_linears: bool = False
+    """`mamba` layers: `in_proj`, `x_proj` and `out_proj` have biases (`dt_proj` always has
+    one)."""
 
     padded_vocab_size: int | None = derived()
     """Vocabulary size padded to a multiple of `make_vocab_size_divisible_by` × tensor-parallel

@@ -130,7 +130,6 @@ GATES: dict[str, Gate] = {
         "sparse attention types in attention_config",
     ),
     "gmlp": Gate(("attention_config",), _uses("gmlp", "amlp"), "gmlp/amlp in attention_config"),
-    "mamba": Gate(("attention_config",), _uses("mamba"), "mamba in attention_config"),
     "rwkv": Gate(("attention_config",), _uses("rwkv"), "rwkv in attention_config"),
 }
 
@@ -211,12 +210,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "output_layer_parallelism": _refused(
         "the output layer is always split over the vocabulary (column)", "column"
     ),
-    "mamba_selective_scan_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
-    "mamba_causal_conv_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
-    "mamba_inner_func_fusion": _none("Mamba kernel switch (Mamba is refused)", False),
-    "mamba_selective_fp32_params": _refused("Mamba blocks are not built", True, gate="mamba"),
-    "mamba_use_bias_in_conv": _refused("Mamba blocks are not built", True, gate="mamba"),
-    "mamba_use_bias_in_linears": _refused("Mamba blocks are not built", False, gate="mamba"),
     "dim_att": _refused("RWKV blocks are not built", None, gate="rwkv"),
     "head_size": _refused("RWKV blocks are not built", None, gate="rwkv"),
     "ffn_dim": _refused("RWKV blocks are not built", None, gate="rwkv"),

@@ -28,12 +28,6 @@ NEOX_DEFAULTS = {
     "gmlp_attn_dim": 64,
     "soft_prompt_tuning": None,
     "output_layer_parallelism": "column",
-    "mamba_selective_scan_fusion": False,
-    "mamba_causal_conv_fusion": False,
-    "mamba_inner_func_fusion": False,
-    "mamba_selective_fp32_params": True,
-    "mamba_use_bias_in_conv": True,
-    "mamba_use_bias_in_linears": False,
     "dim_att": None,
     "head_size": None,
     "ffn_dim": None,
@@ -296,7 +290,7 @@ def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
     for kind in ATTENTION_BACKENDS:
         cfg = _load(write, f"attention_config: [[[{kind}], 2]]\n")
         assert cfg.model.layer_attention_types == (kind, kind)
-    for kind in ("local", "sparse_fixed", "bigbird", "gmlp", "mamba", "rwkv"):
+    for kind in ("local", "sparse_fixed", "bigbird", "gmlp", "rwkv"):
         with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'"):
             _load(write, f"attention_config: [[[{kind}], 2]]\n")
 

@@ -36,6 +36,12 @@ OPTIONS = (
         {"z_loss": 1.0e-2},
         {"rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
         {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
+        {"layer_attention_types": ("mamba", "global")},
+        {
+            "layer_attention_types": ("mamba", "mamba"),
+            "mamba_use_bias_in_conv": False,
+            "mamba_use_bias_in_linears": True,
+        },
     ]
 )
 
