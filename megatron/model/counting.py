@@ -12,6 +12,7 @@ import torch
 
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs, choose
+from megatron.model.mamba import D_CONV, D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
 from megatron.model.norms import NORMS
@@ -33,6 +34,8 @@ def _norm_parameters(args: ModelArgs, dim: int) -> int:
 def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
     """Parameters of transformer layer `layer_index` (0-based; MoE layers hold all experts;
     the default 1 is a dense layer unless every layer has experts)."""
+    if args.attention_type(layer_index) == "mamba":
+        return _mamba_parameters(args)
     h, d = args.hidden_size, args.head_dim
     nq, nkv = args.num_attention_heads, args.kv_heads
     qkv_rows = (nq + 2 * nkv) * d
@@ -43,6 +46,20 @@ def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
         attention += 2 * _norm_parameters(args, d)
     norms = _norm_parameters(args, h) * (1 if args.gpt_j_residual and args.gpt_j_tied else 2)
     return attention + norms + _mlp_parameters(args, layer_index)
+
+
+def _mamba_parameters(args: ModelArgs) -> int:
+    """A `mamba` layer: its norm and mixer (`megatron/model/mamba.py`)."""
+    h, di, r = args.hidden_size, mamba_inner_size(args), mamba_dt_rank(args)
+    bias = args.mamba_use_bias_in_linears
+    in_proj = h * 2 * di + (2 * di if bias else 0)
+    conv = di * D_CONV + (di if args.mamba_use_bias_in_conv else 0)
+    x_proj = di * (r + 2 * D_STATE) + ((r + 2 * D_STATE) if bias else 0)
+    dt_proj = r * di + di
+    out_proj = di * h + (h if bias else 0)
+    a_log_and_d = di * D_STATE + di
+    mixer = in_proj + conv + x_proj + dt_proj + out_proj + a_log_and_d
+    return _norm_parameters(args, h) + mixer
 
 
 def _mlp_parameters(args: ModelArgs, layer_index: int, active: bool = False) -> int:
@@ -83,6 +100,7 @@ def active_parameters(cfg) -> int:
     moe = sum(
         _mlp_parameters(args, i) - _mlp_parameters(args, i, active=True)
         for i in range(args.num_layers)
+        if args.attention_type(i) != "mamba"  # no MLP
     )
     return count_parameters(args) - moe
 

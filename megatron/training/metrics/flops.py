@@ -12,6 +12,10 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
         output projection   2 · nq · d · h
         MLP                 2 · h · f · (3 if gated else 2)   f = inner width per branch
         MoE layer's MLP     k · (expert MLP as above) + 2 · h · E (router)
+        Mamba layer         2 · h · 2di + 2 · di · (r + 2 · 16) + 2 · r · di + 2 · di · h
+                            (in_proj, x_proj, dt_proj, out_proj: di = d_inner, r = dt_rank;
+                            in place of attention and MLP; the depthwise convolution and the
+                            scan are element-wise, not matmuls, and are not counted)
     logits                  2 · h · V_padded     (2 · h for a reward model's value head)
 
 A mixture-of-experts layer (every `moe_expert_interval`-th) counts the `k` experts each token
@@ -56,6 +60,7 @@ import torch
 
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
+from megatron.model.mamba import D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
 
@@ -103,6 +108,10 @@ class ModelShape:
     gated_experts: bool = False
     sliding_window: int | None = None
     """`sliding_window_width` W: each query attends to itself and the W keys before it."""
+    mamba_layers: int = 0
+    """`mamba` layers (a Mamba mixer in place of attention and MLP)."""
+    mamba_inner_size: int = 0
+    mamba_dt_rank: int = 0
 
     @property
     def attended_keys(self) -> int:
@@ -124,11 +133,18 @@ class ModelShape:
             vocab_size=1 if args.value_head else args.vocab_size,
             mlp_inner_size=mlp_inner_size(args),
             gated_mlp=build_activation(args.activation).gated,
-            moe_layers=sum(is_moe_layer(args, i) for i in range(args.num_layers)),
+            moe_layers=sum(
+                is_moe_layer(args, i)
+                for i in range(args.num_layers)
+                if args.attention_type(i) != "mamba"
+            ),
             moe_num_experts=args.moe_num_experts,
             moe_top_k=args.moe_top_k,
             gated_experts=build_activation(args.activation).gated or args.moe_glu,
             sliding_window=args.sliding_window_width,
+            mamba_layers=sum(args.attention_type(i) == "mamba" for i in range(args.num_layers)),
+            mamba_inner_size=mamba_inner_size(args),
+            mamba_dt_rank=mamba_dt_rank(args),
         )
 
 
@@ -148,10 +164,17 @@ def forward_flops_per_token(shape: ModelShape) -> float:
     expert = 2 * h * shape.mlp_inner_size * (3 if shape.gated_experts else 2)
     moe = shape.moe_top_k * expert + 2 * h * shape.moe_num_experts
     logits = 2 * h * shape.vocab_size
-    dense_layers = shape.num_layers - shape.moe_layers
+    di, r = shape.mamba_inner_size, shape.mamba_dt_rank
+    mamba = 2 * h * 2 * di + 2 * di * (r + 2 * D_STATE) + 2 * r * di + 2 * di * h
+    transformer_layers = shape.num_layers - shape.mamba_layers
+    dense_layers = transformer_layers - shape.moe_layers
     per_layer = qkv + attention + dense
     return float(
-        shape.num_layers * per_layer + dense_layers * mlp + shape.moe_layers * moe + logits
+        transformer_layers * per_layer
+        + dense_layers * mlp
+        + shape.moe_layers * moe
+        + shape.mamba_layers * mamba
+        + logits
     )
 
 

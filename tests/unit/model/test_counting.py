@@ -55,6 +55,7 @@ VARIANTS = {
     "scalenorm_geglu": neox_args(norm="scalenorm", activation="geglu", mlp_multiple_of=16),
     "nonparam_relu_alibi": neox_args(norm="non_parametric_layernorm", pos_emb="alibi"),
     "llama": llama_args(),
+    "mamba_and_attention": llama_args(layer_attention_types=("mamba", "global") * 2),
     "llama_qk_norm_biases": llama_args(
         use_qk_layernorm=True, use_bias_in_attn_linear=True, use_bias_in_mlp=True
     ),

@@ -140,3 +140,27 @@ def test_kernels_equal_the_reference():
         torch.testing.assert_close(
             fused_logits, reference(tokens().cuda(), positions), atol=1e-4, rtol=1e-4
         )
+
+
+def test_parameter_count_is_transformers_mamba_count():
+    from megatron.model import count_parameters
+
+    args = mamba_args(intermediate_size=96, mamba_use_bias_in_conv=False)
+    hf = transformers.MambaForCausalLM(transformers.MambaConfig(**hf_config(args, "mamba")))
+    assert count_parameters(args) == sum(p.numel() for p in hf.parameters())
+
+
+def test_forward_flops_are_the_matmuls_torch_counts():
+    # torch's FLOP counter over the built model: its `mm` ops are the four projections and the
+    # head; the convolution and the scan's per-step products (bmm) are element-wise work the
+    # model-FLOPs definition leaves out (megatron/training/metrics/flops.py).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from megatron.training.metrics.flops import ModelShape, forward_flops_per_token
+
+    args = mamba_args(intermediate_size=96)
+    model = build_gpt(args)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(tokens(), torch.arange(SEQ).expand(BATCH, SEQ))
+    counted = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    assert forward_flops_per_token(ModelShape.from_args(args)) * BATCH * SEQ == counted["aten.mm"]
