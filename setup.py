@@ -87,6 +87,8 @@ setup(
     extras_require={
         **OPTIONAL,
         "dev": requirements("requirements-dev.txt") + sum(OPTIONAL.values(), []),
+        # CUDA kernels built against the installed torch: never part of `dev` (CPU machines).
+        "mamba": requirements("requirements-mamba.txt"),
     },
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_cmd},

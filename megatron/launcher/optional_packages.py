@@ -22,6 +22,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from megatron.config.neox.keys import attention_types
 from megatron.launcher.errors import LauncherError
 
 TRAIN, EVAL = "train.py", "eval.py"
@@ -69,6 +70,20 @@ def _tokenizer(*types: str) -> Callable[[str, GroupOf], str | None]:
     return needed
 
 
+def _mamba_kernel(*switches: str) -> Callable[[str, GroupOf], str | None]:
+    """Needed when a model with `mamba` layers turns on one of these kernel switches (the
+    model runs in train.py, generate.py and eval.py alike)."""
+
+    def needed(script: str, group: GroupOf) -> str | None:
+        model = group("model")
+        if "mamba" not in attention_types(model.attention_config):
+            return None
+        on = [s for s in switches if getattr(model, s)]
+        return ", ".join(f"{s}: true" for s in on) if on else None
+
+    return needed
+
+
 OPTIONAL_PACKAGES = (
     OptionalPackage("tensorboard", "tensorboard>=2.15", _tensorboard),
     OptionalPackage("wandb", "wandb>=0.17", _wandb),
@@ -76,6 +91,16 @@ OPTIONAL_PACKAGES = (
     OptionalPackage("lm_eval", "lm-eval[hf]==0.4.13", _lm_eval),
     OptionalPackage("sentencepiece", "sentencepiece>=0.2", _tokenizer("SPMTokenizer")),
     OptionalPackage("tokenizers", "tokenizers>=0.20", _tokenizer(*HF_TOKENIZERS)),
+    OptionalPackage(
+        "mamba_ssm",
+        "mamba-ssm>=1.2.0.post1",
+        _mamba_kernel("mamba_selective_scan_fusion", "mamba_inner_func_fusion"),
+    ),
+    OptionalPackage(
+        "causal_conv1d",
+        "causal-conv1d>=1.1.0",
+        _mamba_kernel("mamba_causal_conv_fusion", "mamba_inner_func_fusion"),
+    ),
 )
 
 

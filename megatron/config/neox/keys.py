@@ -97,17 +97,17 @@ class Gate:
     text: str
 
 
-def _attention_types(value: Any) -> set[str]:
+def attention_types(value: Any) -> set[str]:
     """Every type name in a GPT-NeoX `attention_config` (`[[["global", "local"], 6]]`)."""
     if isinstance(value, str):
         return {value}
     if isinstance(value, list | tuple):
-        return set().union(*(_attention_types(v) for v in value)) if value else set()
+        return set().union(*(attention_types(v) for v in value)) if value else set()
     return set()
 
 
 def _uses(*types: str) -> Callable[[Any], bool]:
-    return lambda value: bool(_attention_types(value) & set(types))
+    return lambda value: bool(attention_types(value) & set(types))
 
 
 GATES: dict[str, Gate] = {

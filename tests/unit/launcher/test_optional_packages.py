@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from megatron.config.groups.logging import LoggingConfig
+from megatron.config.groups.model import ModelConfig
 from megatron.config.groups.tokenizer import TokenizerConfig
 from megatron.launcher.errors import LauncherError
 from megatron.launcher.optional_packages import (
@@ -22,11 +23,14 @@ from megatron.launcher.optional_packages import (
 )
 
 REQUIREMENTS = Path(__file__).resolve().parents[3] / "requirements"
+MAMBA = [[["mamba", "global"], 1]]
 
 
-def groups(tokenizer_type="CharLevelTokenizer", **logging):
+def groups(tokenizer_type="CharLevelTokenizer", model=None, **logging):
     cfg = SimpleNamespace(
-        logging=LoggingConfig(**logging), tokenizer=TokenizerConfig(tokenizer_type=tokenizer_type)
+        logging=LoggingConfig(**logging),
+        tokenizer=TokenizerConfig(tokenizer_type=tokenizer_type),
+        model=ModelConfig(**(model or {})),
     )
     return lambda name: getattr(cfg, name)
 
@@ -63,6 +67,20 @@ def without(monkeypatch):
             "tokenizers>=0.20",
             "HFTokenizer",
         ),
+        (
+            "train.py",
+            dict(model={"attention_config": MAMBA, "mamba_selective_scan_fusion": True}),
+            "mamba_ssm",
+            "mamba-ssm>=1.2.0.post1",
+            "mamba_selective_scan_fusion: true",
+        ),
+        (
+            "generate.py",
+            dict(model={"attention_config": MAMBA, "mamba_causal_conv_fusion": True}),
+            "causal_conv1d",
+            "causal-conv1d>=1.1.0",
+            "mamba_causal_conv_fusion: true",
+        ),
     ],
 )
 def test_missing_package_is_refused_with_the_pip_command(
@@ -89,10 +107,15 @@ def test_every_missing_package_in_one_command(without):
         ("train.py", {}),  # no tensorboard_dir, no wandb, character tokenizer
         ("generate.py", dict(tensorboard_dir="tb", use_wandb=True, use_comet=True)),  # training
         ("eval.py", dict(tensorboard_dir="tb")),
+        ("train.py", dict(model={"attention_config": MAMBA})),  # the reference scan
+        ("train.py", dict(model={"mamba_causal_conv_fusion": True})),  # no mamba layer
     ],
 )
 def test_packages_a_run_does_not_use_are_not_asked_for(without, script, settings):
-    without("tensorboard", "wandb", "comet_ml", "sentencepiece", "tokenizers")
+    without(
+        "tensorboard", "wandb", "comet_ml", "sentencepiece", "tokenizers", "mamba_ssm",
+        "causal_conv1d",
+    )  # fmt: skip
     assert missing_packages(script, groups(**settings)) == []
 
 
