@@ -107,7 +107,10 @@ def generate(
 ) -> list[Generated]:
     """Results for `prompts` in their order, batching prompts of equal length."""
     if not settings.recompute and not supports_kv_cache(model.args):
-        log.warning("pos_emb %s cannot use the key/value cache; recomputing", model.args.pos_emb)
+        log.warning(
+            "pos_emb %s or mamba layers cannot use the key/value cache; recomputing",
+            model.args.pos_emb,
+        )
     limit = position_limit(model.args)
     trimmed = []
     for prompt in prompts:

@@ -32,8 +32,9 @@ BIASED_POSITIONS = ("alibi", "rpe")
 
 
 def supports_kv_cache(args) -> bool:
-    """False for positional encodings that bias attention scores by query/key distance."""
-    return args.pos_emb not in BIASED_POSITIONS
+    """False for positional encodings that bias attention scores by query/key distance, and
+    for models with `mamba` layers (their recurrent state is not cached: they recompute)."""
+    return args.pos_emb not in BIASED_POSITIONS and "mamba" not in args.layer_attention_types
 
 
 class KVCache:

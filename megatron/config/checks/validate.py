@@ -186,8 +186,8 @@ def validate_checkpoint_policy(cfg: Config, sources: dict[str, str]) -> None:
 
 
 def validate(cfg: Config, sources: dict[str, str]) -> None:
+    validate_mamba(cfg, sources)  # first: its tp refusal says why, before head arithmetic
     validate_model(cfg, sources)
-    validate_mamba(cfg, sources)
     validate_hpz(cfg.parallel, sources)  # before the general ZeRO checks: says more
     validate_parallel(cfg, sources)
     validate_optimizer_engine(cfg, sources)
