@@ -52,8 +52,10 @@ ROPE_OWN_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 SNIPPET = "hf_import.yml"
 # Training keys the config system requires, for the config recorded beside the weights only
 # (a run's own config files set them).
-# (Mamba's config has no length: its `seq_length` comes from here unless a config file sets it.)
-RECORD_DEFAULTS = {"train_micro_batch_size_per_gpu": 1, "lr": 1.0e-4, "seq_length": 2048}
+RECORD_DEFAULTS = {"train_micro_batch_size_per_gpu": 1, "lr": 1.0e-4}
+# The length recorded for a model whose Hugging Face config has none (Mamba's), unless a
+# config file sets one; every other family's comes from its max_position_embeddings.
+LENGTH_DEFAULT = {"seq_length": 2048}
 
 
 @dataclass
@@ -234,7 +236,7 @@ def _settings(keys: dict, tokenizer: dict, config_files, layout: dict):
     ]
     if clash:
         raise ValueError("the config files contradict the Hugging Face model: " + "; ".join(clash))
-    for k, v in {**tokenizer, **RECORD_DEFAULTS}.items():
+    for k, v in {**tokenizer, **RECORD_DEFAULTS, **LENGTH_DEFAULT}.items():
         settings.setdefault(k, Setting(v, "<defaults of convert_from_hf>"))
     settings.update({k: Setting(v, "<Hugging Face config>") for k, v in derived.items()})
     return settings
