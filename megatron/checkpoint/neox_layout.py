@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 
+from megatron.config.groups.model import recorded_intermediate_size
 from megatron.model.specs import EMBED_KEY
 
 SEQUENTIAL = "sequential."
@@ -89,8 +90,10 @@ def config_json(config_dict: dict) -> str:
     """`config.json`'s text: JSON that YAML 1.1 reads to the same values, since GPT-NeoX's
     tools read a config with PyYAML (`--config_file`). YAML 1.1 reads an exponent without a
     decimal point (`1e-05`, how Python's `json` writes 0.00001) as a string, so every float
-    is written with one (`1.0e-05`, still JSON)."""
-    return _dumps(config_dict, 0)
+    is written with one (`1.0e-05`, still JSON); `intermediate_size` is written as a number
+    (`recorded_intermediate_size`), which GPT-NeoX's converter needs."""
+    size = recorded_intermediate_size(config_dict)
+    return _dumps({**config_dict, "intermediate_size": size} if size else config_dict, 0)
 
 
 def _dumps(value, depth: int) -> str:

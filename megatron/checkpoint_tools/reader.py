@@ -44,7 +44,7 @@ from megatron.model.neox_names import from_neox
 def load_saved_config(layout: CheckpointLayout):
     """The resolved `Config` saved in the checkpoint folder."""
     from megatron.config import Config
-    from megatron.config.groups.model import mlp_size
+    from megatron.config.groups.model import recorded_intermediate_size
 
     path = layout.config_file
     if not path.is_file():
@@ -59,11 +59,7 @@ def load_saved_config(layout: CheckpointLayout):
             f"'{path}' is not valid JSON ({err}); give the run's config files (--config) so "
             "the model can be described"
         ) from None
-    cfg = Config.from_dict(saved)
-    m = cfg.model
-    if m.intermediate_size is None and m.hidden_size:  # saved before it was resolved
-        cfg = cfg.replace(intermediate_size=mlp_size(None, m.hidden_size))
-    return cfg
+    return Config.from_dict({**saved, "intermediate_size": recorded_intermediate_size(saved)})
 
 
 def config_from_files(files, overrides=()) -> object:

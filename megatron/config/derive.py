@@ -11,7 +11,6 @@ import dataclasses
 
 from megatron.config.config import Config
 from megatron.config.groups.lr import decay_and_warmup_iters
-from megatron.config.groups.model import mlp_size
 from megatron.config.groups.optimizer import (
     NEOX_DEFAULT_LR,
     NEOX_DEFAULT_OPTIMIZER,
@@ -273,7 +272,6 @@ def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
         true_vocab_size=true_vocab,
         layer_attention_types=types,
         max_position_embeddings=m.max_position_embeddings or m.seq_length,
-        intermediate_size=mlp_size(m.intermediate_size, m.hidden_size) if m.hidden_size else None,
     )
 
 

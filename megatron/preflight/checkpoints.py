@@ -54,6 +54,7 @@ from megatron.checkpoint_tools.universal import (
     universal_target_problem,
 )
 from megatron.config import Config, resumed_padded_vocab
+from megatron.config.groups.model import recorded_intermediate_size
 from megatron.config.resolve import is_training_script
 from megatron.model import ModelArgs
 from megatron.model.args import CONFIG_ONLY
@@ -226,7 +227,9 @@ def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
             padded = resumed_padded_vocab(cfg, saved_cfg.model.padded_vocab_size)
             cfg = cfg.replace(padded_vocab_size=padded)
         saved = ModelArgs.from_config(saved_cfg)
-        wanted = ModelArgs.from_config(cfg)
+        # config.json records an unset intermediate_size as its number; compare like with like
+        recorded = recorded_intermediate_size(cfg.to_dict())
+        wanted = ModelArgs.from_config(cfg.replace(intermediate_size=recorded))
     except (ValueError, TypeError, KeyError) as err:
         note = f"model shape not checked: {layout.config_file} could not be read ({err})"
         return [Finding(NAME, WARNING, note)]

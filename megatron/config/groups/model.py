@@ -95,10 +95,11 @@ class ModelConfig:
     `bias_gelu_fusion: true` computes, and maps to)."""
 
     intermediate_size: int | None = None
-    """MLP size as GPT-NeoX defines it (default 4 × hidden, filled in when the config is
-    resolved, so a checkpoint's config.json holds the number). Gated activations (geglu,
-    swiglu, reglu) use 2/3 of it for their two input projections: each branch is
-    `int(2/3 × size) // 2` wide, so GPT-NeoX's Llama-7B value 32768 gives Llama's 11008."""
+    """MLP size as GPT-NeoX defines it (default 4 × hidden, written as the number into a
+    checkpoint's config.json unless a `mamba` or `rwkv` layer reads an unset value). Gated
+    activations (geglu, swiglu, reglu) use 2/3 of it for their two input projections: each
+    branch is `int(2/3 × size) // 2` wide, so GPT-NeoX's Llama-7B value 32768 gives Llama's
+    11008."""
 
     mlp_multiple_of: int = 1
     """Round the MLP inner width up to a multiple of this (Llama uses 256)."""
@@ -228,3 +229,19 @@ class ModelConfig:
 def mlp_size(intermediate_size: int | None, hidden_size: int) -> int:
     """`intermediate_size` as GPT-NeoX resolves it: 4 × hidden when unset."""
     return intermediate_size or 4 * hidden_size
+
+
+# Layer types for which an unset `intermediate_size` means another width than 4 × hidden
+# (Mamba's inner width 2 × hidden, RWKV's channel-mix 3.5 × hidden): the key stays unset there.
+OWN_WIDTH_LAYERS = ("mamba", "rwkv")
+
+
+def recorded_intermediate_size(model: dict) -> int | None:
+    """`intermediate_size` as a checkpoint's `config.json` records it, from the flat model keys:
+    the number when unset (GPT-NeoX's converter builds its Hugging Face config from it),
+    except beside layers that read an unset value otherwise (`OWN_WIDTH_LAYERS`)."""
+    size, hidden = model.get("intermediate_size"), model.get("hidden_size")
+    types = model.get("layer_attention_types") or ()
+    if size is not None or not hidden or set(types) & set(OWN_WIDTH_LAYERS):
+        return size
+    return mlp_size(None, hidden)
