@@ -108,7 +108,7 @@ def generate(
     """Results for `prompts` in their order, batching prompts of equal length."""
     if not settings.recompute and not supports_kv_cache(model.args):
         log.warning(
-            "pos_emb %s or mamba layers cannot use the key/value cache; recomputing",
+            "pos_emb %s, mamba or rwkv layers cannot use the key/value cache; recomputing",
             model.args.pos_emb,
         )
     limit = position_limit(model.args)

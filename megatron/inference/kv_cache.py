@@ -33,8 +33,10 @@ BIASED_POSITIONS = ("alibi", "rpe")
 
 def supports_kv_cache(args) -> bool:
     """False for positional encodings that bias attention scores by query/key distance, and
-    for models with `mamba` layers (their recurrent state is not cached: they recompute)."""
-    return args.pos_emb not in BIASED_POSITIONS and "mamba" not in args.layer_attention_types
+    for models with `mamba` or `rwkv` layers (their recurrent state is not a key/value cache:
+    generation recomputes)."""
+    recurrent = {"mamba", "rwkv"} & set(args.layer_attention_types)
+    return args.pos_emb not in BIASED_POSITIONS and not recurrent
 
 
 class KVCache:

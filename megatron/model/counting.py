@@ -16,6 +16,7 @@ from megatron.model.mamba import D_CONV, D_STATE, mamba_dt_rank, mamba_inner_siz
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
 from megatron.model.norms import NORMS
+from megatron.model.rwkv import rwkv_layer_parameters
 from megatron.parallel import is_tensor_parallel
 from megatron.parallel.host_values import reduce_host
 
@@ -36,6 +37,8 @@ def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
     the default 1 is a dense layer unless every layer has experts)."""
     if args.attention_type(layer_index) == "mamba":
         return _mamba_parameters(args)
+    if args.attention_type(layer_index) == "rwkv":
+        return rwkv_layer_parameters(args)
     h, d = args.hidden_size, args.head_dim
     nq, nkv = args.num_attention_heads, args.kv_heads
     qkv_rows = (nq + 2 * nkv) * d

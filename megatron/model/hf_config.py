@@ -54,6 +54,10 @@ NEUTRAL = frozenset(
         # Which logit columns the loss counts (padding masked out): the logits are unchanged,
         # and `vocab_size` in the export trims the padding rows.
         "true_vocab_size",
+        # Widths of `rwkv` layers only, which no class can express (ATTENTION_RULE refuses them).
+        "dim_att",
+        "head_size",
+        "ffn_dim",
     }
 )
 CARRIED = frozenset(

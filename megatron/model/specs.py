@@ -7,9 +7,9 @@ the same indices GPT-NeoX's tools read our checkpoints and we read GPT-NeoX's. W
     0          EmbeddingPipe            tokens, learned positions, dropout (TiedLayerSpec
                                         "embed" unless no_weight_tying)
     1          before_transformer_layers   a function: to (s, b, h), SP scatter (no file)
-    2 .. L+1   transformer layers       (class chosen by the residual style; a `mamba` layer
-                                        of `attention_config` is `megatron/model/mamba.py::
-                                        MambaTransformerLayer`)
+    2 .. L+1   transformer layers       (class chosen by the residual style; a layer
+                                        `attention_config` makes `mamba` or `rwkv` is
+                                        that block, `BLOCK_LAYERS`)
     L+2        after_transformer_layers    a function: drops the position ids (no file)
     L+3        FinalNormPipe
     L+4        OutputHeadPipe, or the tied "embed" module's `project_to_vocab` (no file: the
@@ -48,12 +48,13 @@ from megatron.model.embedding import (
 )
 from megatron.model.head import FinalNormPipe, OutputHeadPipe, ValueHeadPipe
 from megatron.model.mamba import MambaTransformerLayer
+from megatron.model.rwkv import RWKVTransformerLayer
 from megatron.model.transformer import TRANSFORMER_LAYERS, transformer_layer_class
 
 EMBED_KEY = "embed"
 TIED_WEIGHTS = ["word_embeddings.weight"]
 # Layers that replace a whole transformer layer, by their `attention_config` type.
-BLOCK_LAYERS = {"mamba": MambaTransformerLayer}
+BLOCK_LAYERS = {"mamba": MambaTransformerLayer, "rwkv": RWKVTransformerLayer}
 TRANSFORMER_LAYER_NAMES = sorted(
     {cls.__name__ for cls in (*TRANSFORMER_LAYERS.values(), *BLOCK_LAYERS.values())}
 )

@@ -6,6 +6,7 @@ from megatron.config.checks.curriculum import validate_curriculum
 from megatron.config.checks.data import validate_data
 from megatron.config.checks.mamba import MAMBA, validate_mamba
 from megatron.config.checks.optimizer_engines import validate_optimizer_engine
+from megatron.config.checks.rwkv import validate_rwkv
 from megatron.config.checks.torch_compile import validate_torch_compile
 from megatron.config.config import Config
 from megatron.config.groups.checkpointing import parse_checkpoint_keep
@@ -82,11 +83,11 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     for p in ("hidden_dropout", "attention_dropout"):
         if not 0 <= getattr(m, p) < 1:
             raise ConfigError(f"{p}{_src(sources, p)} must be in [0, 1)")
-    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa", MAMBA})
+    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa", MAMBA, "rwkv"})
     if bad:
         raise ConfigError(
             f"attention_config{_src(sources, 'attention_config')}: attention types {bad} are not "
-            f"supported; valid: 'global', 'flash', 'sdpa', '{MAMBA}'"
+            f"supported; valid: 'global', 'flash', 'sdpa', '{MAMBA}', 'rwkv'"
         )
 
 
@@ -197,4 +198,5 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_profiling(cfg, sources)
     validate_moe(cfg)
     validate_curriculum(cfg, sources)  # before post_training: names the curriculum
+    validate_rwkv(cfg, sources)
     validate_post_training(cfg, sources)

@@ -135,8 +135,21 @@ class ModelConfig:
     attention_config: list[Any] | None = None
     """Attention type per layer as GPT-NeoX writes it, e.g. `[[["global"], 12]]`. Types:
     `global` (masked softmax; fused kernel when `scaled_upper_triang_masked_softmax_fusion`),
-    `flash` or `sdpa` (torch scaled_dot_product_attention), and `mamba` (a Mamba block in
-    place of the whole layer, `megatron/model/mamba.py`). Default: all `global`."""
+    `flash` or `sdpa` (torch scaled_dot_product_attention), `mamba` (a Mamba block in place of
+    the whole layer, `megatron/model/mamba.py`) and `rwkv` (an RWKV-6 layer in place of the
+    transformer layer: `megatron/model/rwkv.py`). Default: all `global`."""
+
+    dim_att: int | None = None
+    """Width of the time-mix (attention) projections of `rwkv` layers; null means
+    `hidden_size`. Split into `num_attention_heads` heads."""
+
+    head_size: int | None = None
+    """Head width of `rwkv` layers: always `dim_att / num_attention_heads` (GPT-NeoX computes
+    it); a value given must equal that."""
+
+    ffn_dim: int | None = None
+    """Key width of the channel-mix (MLP) of `rwkv` layers; null means `intermediate_size`, else
+    3.5 × `hidden_size`, rounded down to a multiple of 32 (GPT-NeoX's rule)."""
 
     scaled_upper_triang_masked_softmax_fusion: bool = False
     """Use the fused CUDA causal scale-mask-softmax kernel where it applies."""

@@ -130,7 +130,6 @@ GATES: dict[str, Gate] = {
         "sparse attention types in attention_config",
     ),
     "gmlp": Gate(("attention_config",), _uses("gmlp", "amlp"), "gmlp/amlp in attention_config"),
-    "rwkv": Gate(("attention_config",), _uses("rwkv"), "rwkv in attention_config"),
 }
 
 NO_EFFECT, REFUSED, IMPLEMENTED = "no effect", "refused", "implemented"
@@ -210,9 +209,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "output_layer_parallelism": _refused(
         "the output layer is always split over the vocabulary (column)", "column"
     ),
-    "dim_att": _refused("RWKV blocks are not built", None, gate="rwkv"),
-    "head_size": _refused("RWKV blocks are not built", None, gate="rwkv"),
-    "ffn_dim": _refused("RWKV blocks are not built", None, gate="rwkv"),
     "te_columnparallel": _refused(_TE, False),
     "te_rowparallel": _refused(_TE, False),
     "te_layernorm_mlp": _refused(_TE, False),

@@ -18,6 +18,13 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
                             scan are element-wise, not matmuls, and are not counted)
     logits                  2 · h · V_padded     (2 · h for a reward model's value head)
 
+    an `rwkv` layer instead (a = dim_att, n = head_size, f = ffn_dim; megatron/model/rwkv.py):
+        token-shift mixes   2 · h · 160 · 2          (rank-32 projection of 5 mixes, both ways)
+        r, k, v, g, output  2 · h · a · 5
+        decay               2 · 64 · (h + a)         (rank-64 data-dependent decay)
+        WKV recurrence      2 · 2 · a · n            (read the n × n state per head, update it)
+        channel-mix         2 · h · (2 f + h)
+
 A mixture-of-experts layer (every `moe_expert_interval`-th) counts the `k` experts each token
 runs (tokens dropped over capacity are still counted) and its router, not all `E` experts.
 
@@ -63,6 +70,7 @@ from megatron.model.args import ModelArgs
 from megatron.model.mamba import D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
+from megatron.model.rwkv import DECAY_RANK, MIX_RANK, rwkv_widths
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per device by matmul precision: bf16/fp16 tensor
 # cores, TF32 tensor cores, and IEEE fp32. Matched against torch.cuda.get_device_name() in this
@@ -112,6 +120,10 @@ class ModelShape:
     """`mamba` layers (a Mamba mixer in place of attention and MLP)."""
     mamba_inner_size: int = 0
     mamba_dt_rank: int = 0
+    rwkv_layers: int = 0
+    """Layers that are RWKV layers (`rwkv` in `attention_config`), not transformer layers."""
+    rwkv_widths: tuple[int, int, int] = (0, 0, 0)
+    """Their `(dim_att, head_size, ffn_dim)`."""
 
     @property
     def attended_keys(self) -> int:
@@ -145,6 +157,8 @@ class ModelShape:
             mamba_layers=sum(args.attention_type(i) == "mamba" for i in range(args.num_layers)),
             mamba_inner_size=mamba_inner_size(args),
             mamba_dt_rank=mamba_dt_rank(args),
+            rwkv_layers=sum(args.attention_type(i) == "rwkv" for i in range(args.num_layers)),
+            rwkv_widths=rwkv_widths(args) if "rwkv" in args.layer_attention_types else (0, 0, 0),
         )
 
 
@@ -166,7 +180,7 @@ def forward_flops_per_token(shape: ModelShape) -> float:
     logits = 2 * h * shape.vocab_size
     di, r = shape.mamba_inner_size, shape.mamba_dt_rank
     mamba = 2 * h * 2 * di + 2 * di * (r + 2 * D_STATE) + 2 * r * di + 2 * di * h
-    transformer_layers = shape.num_layers - shape.mamba_layers
+    transformer_layers = shape.num_layers - shape.mamba_layers - shape.rwkv_layers
     dense_layers = transformer_layers - shape.moe_layers
     per_layer = qkv + attention + dense
     return float(
@@ -174,8 +188,20 @@ def forward_flops_per_token(shape: ModelShape) -> float:
         + dense_layers * mlp
         + shape.moe_layers * moe
         + shape.mamba_layers * mamba
+        + shape.rwkv_layers * _rwkv_layer_flops(shape)
         + logits
     )
+
+
+def _rwkv_layer_flops(shape: ModelShape) -> float:
+    """Forward matmul FLOPs per token of one RWKV layer (the module docstring's table)."""
+    h, (a, n, f) = shape.hidden_size, shape.rwkv_widths
+    mixes = 2 * 2 * h * 5 * MIX_RANK
+    projections = 2 * h * a * 5
+    decay = 2 * DECAY_RANK * (h + a)
+    wkv = 2 * 2 * a * n
+    channel_mix = 2 * h * (2 * f + h)
+    return mixes + projections + decay + wkv + channel_mix
 
 
 def training_flops_per_token(shape: ModelShape) -> float:

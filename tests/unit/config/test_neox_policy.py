@@ -28,9 +28,6 @@ NEOX_DEFAULTS = {
     "gmlp_attn_dim": 64,
     "soft_prompt_tuning": None,
     "output_layer_parallelism": "column",
-    "dim_att": None,
-    "head_size": None,
-    "ffn_dim": None,
     "bias_dropout_fusion": False,
     "fp16_lm_cross_entropy": False,
     "bias_gelu_fusion": False,
@@ -136,6 +133,9 @@ NEOX_DEFAULTS_OF_OUR_KEYS = {
     "comet_experiment_name": None,
     "comet_tags": None,
     "comet_others": None,
+    "dim_att": None,
+    "head_size": None,
+    "ffn_dim": None,
 }
 
 
@@ -286,11 +286,12 @@ def test_every_model_choice_is_built_or_refused():
 
 def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
     from megatron.model.attention_backends import ATTENTION_BACKENDS
+    from megatron.model.specs import BLOCK_LAYERS
 
-    for kind in ATTENTION_BACKENDS:
+    for kind in (*ATTENTION_BACKENDS, *BLOCK_LAYERS):
         cfg = _load(write, f"attention_config: [[[{kind}], 2]]\n")
         assert cfg.model.layer_attention_types == (kind, kind)
-    for kind in ("local", "sparse_fixed", "bigbird", "gmlp", "rwkv"):
+    for kind in ("local", "sparse_fixed", "bigbird", "gmlp"):
         with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'"):
             _load(write, f"attention_config: [[[{kind}], 2]]\n")
 
