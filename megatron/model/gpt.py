@@ -118,10 +118,13 @@ def configure_activation_checkpointing(args: ModelArgs, topology=None) -> None:
     if not deepspeed.comm.is_initialized():
         return
     mpu = topology
+    # Partitioning over one tensor-parallel rank saves nothing, and DeepSpeed's round trip
+    # (the input's storage swapped out and back) gave wrong gradients to rwkv layers there.
+    partition = args.partition_activations and mpu is not None and mpu.tp_size > 1
     deepspeed.checkpointing.configure(
         mpu,
-        partition_activations=args.partition_activations and mpu is not None,
-        contiguous_checkpointing=args.contiguous_checkpointing and args.partition_activations,
+        partition_activations=partition,
+        contiguous_checkpointing=args.contiguous_checkpointing and partition,
         num_checkpoints=args.num_layers,
         checkpoint_in_cpu=args.checkpoint_in_cpu,
         synchronize=args.synchronize_each_layer,

@@ -14,6 +14,8 @@ before any step because every layer is built from its own seed whatever the layo
   two data-parallel replicas, each fed half of the micro-batches. Then again with sequence
   parallelism (norm gradients summed over tp by the hooks `build_gpt` registers).
 - (tp=2, pp=2) with sequence parallelism, DeepSpeed's pipeline activation partitioning off.
+- (tp=1, pp=2, dp=2): RWKV layers mixed with attention (`rwkv` in `attention_config`, as
+  GPT-NeoX builds them: no tensor parallelism), recomputed under activation checkpointing.
 
 Construction alone (4 stages) checks that `pipe_partition_method` reaches DeepSpeed: one
 transformer layer per stage with `type:transformer`, two layers with `uniform`.
@@ -56,6 +58,7 @@ TIED = "tied_modules.embed.word_embeddings.weight"
 # (each tp rank holds another chunk); DeepSpeed's default `pipe_partitioned` would split them
 # again as if they were replicated and reassemble the wrong halves. See PIPELINE_SP_CONFIG.
 NO_PIPE_SPLIT = {"pipeline": PIPELINE_SP_CONFIG}
+RWKV_MIX = ("rwkv", "global", "rwkv", "rwkv")
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -202,6 +205,7 @@ def test_pipeline_engine_matches_single_process():
         (llama, 2, 1, llama_batches, 0),
         (llama_sp, 2, 1, llama_batches, 0),
         (dataclasses.replace(neox, sequence_parallel=True), 2, 2, neox_batches, 0, NO_PIPE_SPLIT),
+        (dataclasses.replace(neox_ckpt, layer_attention_types=RWKV_MIX), 1, 2, neox_batches, 0),
     ]
     methods = ["type:transformer", "uniform", "parameters"]
     results = run_distributed(_worker, 4, layouts, methods, timeout=600)

@@ -31,6 +31,7 @@ OPTIONS = (
         {"layer_attention_types": ("sdpa", "flash"), "softmax_fusion": True},
         {"layer_attention_types": ("global", "sdpa"), "softmax_fusion": True, "pos_emb": "alibi"},
         {"intermediate_size": 40},
+        {"layer_attention_types": ("rwkv", "global"), "dim_att": 48, "ffn_dim": 40},
         {"sliding_window_width": 2},
         {"head_dim": 12, "use_bias_in_attn_linear": False, "use_bias_in_qkv": True},
         {"z_loss": 1.0e-2},

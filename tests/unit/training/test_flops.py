@@ -83,6 +83,29 @@ def test_training_flops_match_the_flop_counter_on_our_model(files, overrides):
     assert training_flops_per_token(shape_from_config(cfg)) == pytest.approx(expected, rel=0.02)
 
 
+def test_rwkv_layers_count_their_matmuls_and_the_recurrence(monkeypatch):
+    # The counter sees the projections; the WKV recurrence (4 · dim_att · head_size per token,
+    # flops.py) is swapped for an elementwise stand-in, since our chunked form computes it in
+    # another (larger) number of multiplies than the recurrence needs.
+    import megatron.model.rwkv as rwkv
+
+    monkeypatch.setattr(rwkv, "wkv6", lambda r, k, v, w, u, state: (r * k * v * w, state))
+    types = ("rwkv", "global", "rwkv")
+    args = ModelArgs(
+        num_layers=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        vocab_size=256,
+        seq_length=32,
+        layer_attention_types=types,
+        dim_att=128,
+        ffn_dim=96,
+    )
+    recurrence = 2 * 3 * (2 * 2 * 128 * 32)  # two rwkv layers, forward + backward
+    expected = _counted_ours(args, 32) + recurrence
+    assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(expected, rel=1e-9)
+
+
 @pytest.mark.parametrize("arch", ["gpt_neox", "llama"])
 def test_training_flops_match_the_flop_counter_on_the_hf_export(arch):
     files = {"gpt_neox": ["160M"], "llama": ["llama-small"]}[arch]
