@@ -12,6 +12,7 @@ import torch
 
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs, choose
+from megatron.model.gmlp import GMLP_FF_MULT, gmlp_parameters, is_gmlp_layer
 from megatron.model.mamba import D_CONV, D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
@@ -40,6 +41,9 @@ def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
     if args.attention_type(layer_index) == "rwkv":
         return rwkv_layer_parameters(args)
     h, d = args.hidden_size, args.head_dim
+    if is_gmlp_layer(args, layer_index):
+        norms = _norm_parameters(args, h) + _norm_parameters(args, GMLP_FF_MULT * h)
+        return gmlp_parameters(args, layer_index) + norms
     nq, nkv = args.num_attention_heads, args.kv_heads
     qkv_rows = (nq + 2 * nkv) * d
     qkv_bias = args.use_bias_in_attn_linear or args.use_bias_in_qkv
@@ -47,6 +51,8 @@ def layer_parameters(args: ModelArgs, layer_index: int = 1) -> int:
     attention += h if args.use_bias_in_attn_linear else 0
     if args.use_qk_layernorm:
         attention += 2 * _norm_parameters(args, d)
+    if args.pos_emb == "rpe":  # each attention layer's (buckets, heads) table
+        attention += args.rpe_num_buckets * nq
     norms = _norm_parameters(args, h) * (1 if args.gpt_j_residual and args.gpt_j_tied else 2)
     return attention + norms + _mlp_parameters(args, layer_index)
 

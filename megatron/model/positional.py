@@ -6,7 +6,8 @@ Two places can use positions, so each encoding is split into (at most) two parts
 - attention side, applied to queries/keys or to the scores: `rotary` (rotates the first
   `rotary_pct` of each head's dims, GPT-NeoX `rotate_half` convention, via
   `megatron.kernels.apply_rotary_pos_emb`; `rope_scaling` rescales its frequencies,
-  `megatron/model/rope_scaling.py`) and `alibi` (a per-head linear bias on the scores).
+  `megatron/model/rope_scaling.py`), `alibi` (a per-head linear bias on the scores) and `rpe`
+  (T5's learned bucketed bias, `megatron/model/relative_bias.py`).
 
 `none` uses neither. Every attention-side class implements one method,
 `encode(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
@@ -24,6 +25,7 @@ from torch import nn
 from megatron.kernels import apply_rotary_pos_emb, reference_rotary
 from megatron.model.args import ModelArgs, choose
 from megatron.model.init_methods import input_init
+from megatron.model.relative_bias import RelativePositionBias
 from megatron.model.rope_scaling import rope_rule
 from megatron.parallel.comm import group_rank, group_size
 
@@ -134,12 +136,13 @@ class AlibiBias(NoAttentionPositions):
         return q, k, bias
 
 
-# pos_emb -> (input-side class or None, attention-side class)
-POSITIONAL_ENCODINGS: dict[str, tuple[type[nn.Module] | None, type[NoAttentionPositions]]] = {
+# pos_emb -> (input-side class or None, attention-side class, each with `encode`)
+POSITIONAL_ENCODINGS: dict[str, tuple[type[nn.Module] | None, type[nn.Module]]] = {
     "learned": (LearnedPositionEmbedding, NoAttentionPositions),
     "sinusoidal": (SinusoidalPositionEmbedding, NoAttentionPositions),
     "rotary": (None, RotaryEmbedding),
     "alibi": (None, AlibiBias),
+    "rpe": (None, RelativePositionBias),  # T5's, megatron/model/relative_bias.py
     "none": (None, NoAttentionPositions),
 }
 
@@ -150,7 +153,7 @@ def build_input_positions(args: ModelArgs) -> nn.Module | None:
     return cls(args) if cls is not None else None
 
 
-def build_attention_positions(args: ModelArgs, tp_group=None) -> NoAttentionPositions:
+def build_attention_positions(args: ModelArgs, tp_group=None) -> nn.Module:
     """The attention-side encoding (identity for input-side or no encodings)."""
     _, cls = choose(POSITIONAL_ENCODINGS, "pos_emb", args.pos_emb)
     return cls(args, tp_group)

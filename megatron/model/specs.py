@@ -8,8 +8,8 @@ the same indices GPT-NeoX's tools read our checkpoints and we read GPT-NeoX's. W
                                         "embed" unless no_weight_tying)
     1          before_transformer_layers   a function: to (s, b, h), SP scatter (no file)
     2 .. L+1   transformer layers       (class chosen by the residual style; a layer
-                                        `attention_config` makes `mamba` or `rwkv` is
-                                        that block, `BLOCK_LAYERS`)
+                                        `attention_config` makes `mamba`, `rwkv`,
+                                        `gmlp` or `amlp` is that block, `BLOCK_LAYERS`)
     L+2        after_transformer_layers    a function: drops the position ids (no file)
     L+3        FinalNormPipe
     L+4        OutputHeadPipe, or the tied "embed" module's `project_to_vocab` (no file: the
@@ -46,6 +46,7 @@ from megatron.model.embedding import (
     project_to_vocab,
     to_transformer_layout,
 )
+from megatron.model.gmlp import GMLPTransformerLayer
 from megatron.model.head import FinalNormPipe, OutputHeadPipe, ValueHeadPipe
 from megatron.model.mamba import MambaTransformerLayer
 from megatron.model.rwkv import RWKVTransformerLayer
@@ -54,7 +55,12 @@ from megatron.model.transformer import TRANSFORMER_LAYERS, transformer_layer_cla
 EMBED_KEY = "embed"
 TIED_WEIGHTS = ["word_embeddings.weight"]
 # Layers that replace a whole transformer layer, by their `attention_config` type.
-BLOCK_LAYERS = {"mamba": MambaTransformerLayer, "rwkv": RWKVTransformerLayer}
+BLOCK_LAYERS = {
+    "mamba": MambaTransformerLayer,
+    "rwkv": RWKVTransformerLayer,
+    "gmlp": GMLPTransformerLayer,
+    "amlp": GMLPTransformerLayer,
+}
 TRANSFORMER_LAYER_NAMES = sorted(
     {cls.__name__ for cls in (*TRANSFORMER_LAYERS.values(), *BLOCK_LAYERS.values())}
 )

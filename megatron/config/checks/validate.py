@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from megatron.config.checks.curriculum import validate_curriculum
 from megatron.config.checks.data import validate_data
+from megatron.config.checks.gmlp_rpe import GMLP_TYPES, validate_gmlp, validate_rpe
 from megatron.config.checks.mamba import MAMBA, validate_mamba
 from megatron.config.checks.optimizer_engines import validate_optimizer_engine
 from megatron.config.checks.rwkv import validate_rwkv
@@ -83,12 +84,15 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     for p in ("hidden_dropout", "attention_dropout"):
         if not 0 <= getattr(m, p) < 1:
             raise ConfigError(f"{p}{_src(sources, p)} must be in [0, 1)")
-    bad = sorted(set(m.layer_attention_types) - {"global", "flash", "sdpa", MAMBA, "rwkv"})
+    valid = ("global", "flash", "sdpa", MAMBA, "rwkv", *GMLP_TYPES)
+    bad = sorted(set(m.layer_attention_types) - set(valid))
     if bad:
         raise ConfigError(
             f"attention_config{_src(sources, 'attention_config')}: attention types {bad} are not "
-            f"supported; valid: 'global', 'flash', 'sdpa', '{MAMBA}', 'rwkv'"
+            f"supported; valid: {', '.join(repr(v) for v in valid)}"
         )
+    validate_gmlp(cfg, sources)
+    validate_rpe(cfg, sources)
 
 
 def validate_parallel(cfg: Config, sources: dict[str, str]) -> None:

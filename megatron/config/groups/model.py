@@ -64,7 +64,14 @@ class ModelConfig:
     """Epsilon of scalenorm."""
 
     pos_emb: Literal["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"] = "learned"
-    """Positional encoding."""
+    """Positional encoding. `rpe`: T5's relative position bias, a learned per-head table of
+    `rpe_num_buckets` distance buckets added to every attention layer's scores."""
+
+    rpe_num_buckets: int = 32
+    """`pos_emb: rpe`: number of relative-distance buckets (half of them exact distances)."""
+
+    rpe_max_distance: int = 128
+    """`pos_emb: rpe`: distance from which on all keys share the last bucket."""
 
     rotary_pct: float = 1.0
     """Fraction of each head's dimensions that rotary embeddings rotate (0 < pct <= 1)."""
@@ -136,8 +143,10 @@ class ModelConfig:
     """Attention type per layer as GPT-NeoX writes it, e.g. `[[["global"], 12]]`. Types:
     `global` (masked softmax; fused kernel when `scaled_upper_triang_masked_softmax_fusion`),
     `flash` or `sdpa` (torch scaled_dot_product_attention), `mamba` (a Mamba block in place of
-    the whole layer, `megatron/model/mamba.py`) and `rwkv` (an RWKV-6 layer in place of the
-    transformer layer: `megatron/model/rwkv.py`). Default: all `global`."""
+    the whole layer, `megatron/model/mamba.py`), `rwkv` (an RWKV-6 layer in place of the
+    transformer layer: `megatron/model/rwkv.py`), `gmlp` (a gMLP block: a spatial gating unit
+    in place of attention and MLP) and `amlp` (gMLP with a tiny single-head attention of
+    `gmlp_attn_dim`). Default: all `global`."""
 
     dim_att: int | None = None
     """Width of the time-mix (attention) projections of `rwkv` layers; null means
@@ -150,6 +159,9 @@ class ModelConfig:
     ffn_dim: int | None = None
     """Key width of the channel-mix (MLP) of `rwkv` layers; null means `intermediate_size`, else
     3.5 × `hidden_size`, rounded down to a multiple of 32 (GPT-NeoX's rule)."""
+
+    gmlp_attn_dim: int = 64
+    """Width of the single-head attention of `amlp` layers."""
 
     scaled_upper_triang_masked_softmax_fusion: bool = False
     """Use the fused CUDA causal scale-mask-softmax kernel where it applies."""

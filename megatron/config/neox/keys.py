@@ -112,7 +112,6 @@ def _uses(*types: str) -> Callable[[Any], bool]:
 
 GATES: dict[str, Gate] = {
     "moe": Gate(("moe_num_experts",), lambda v: v not in (None, 1), "moe_num_experts > 1"),
-    "rpe": Gate(("pos_emb",), lambda v: v == "rpe", "pos_emb: rpe"),
     "mup": Gate(("use_mup",), bool, "use_mup: true"),
     "dpo": Gate(("train_impl",), lambda v: v == "dpo", "train_impl: dpo"),
     "kto": Gate(("train_impl",), lambda v: v == "kto", "train_impl: kto"),
@@ -129,7 +128,6 @@ GATES: dict[str, Gate] = {
         _uses("sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
         "sparse attention types in attention_config",
     ),
-    "gmlp": Gate(("attention_config",), _uses("gmlp", "amlp"), "gmlp/amlp in attention_config"),
 }
 
 NO_EFFECT, REFUSED, IMPLEMENTED = "no effect", "refused", "implemented"
@@ -174,7 +172,6 @@ _MUP = "muP parametrisation is not implemented here"
 _OURS_FP32 = "the output cross entropy is always computed in fp32 here"
 _FP16 = "top-level loss-scaling keys are not read: set fp16.loss_scale, fp16.hysteresis, ..."
 _LOG = "a logging/profiling back end this trainer does not have"
-_RPE = "T5 relative position encoding is not built"
 _ONLINE = "online data serving is not implemented"
 _REINFORCE = "REINFORCE training is not implemented"
 
@@ -192,8 +189,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "expansion_factor": _refused("set intermediate_size (the MLP width) instead", None),
     "layernorm_fusion": _none("fused layer norm kernel; the unfused one computes the same", False),
     "rmsnorm_fusion": _none("fused RMSNorm kernel; the unfused one computes the same", False),
-    "rpe_num_buckets": _refused(_RPE, 32, gate="rpe"),
-    "rpe_max_distance": _refused(_RPE, 128, gate="rpe"),
     "opt_pos_emb_offset": _refused("OPT's learned-position offset is not built", 0),
     "sparsity_config": _refused("sparse attention is not built", None, {}, gate="sparse"),
     "num_unique_layers": _refused("layer sharing is not built", None),
@@ -204,7 +199,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "rotary_save_freqs_buffer": _none(
         "checkpoints never hold the rotary frequencies; they are recomputed", False
     ),
-    "gmlp_attn_dim": _refused("gMLP blocks are not built", 64, gate="gmlp"),
     "soft_prompt_tuning": _refused("soft prompt tuning is not implemented", None),
     "output_layer_parallelism": _refused(
         "the output layer is always split over the vocabulary (column)", "column"
@@ -295,7 +289,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
 # Values our schema accepts (GPT-NeoX's vocabulary) that nothing here builds or runs:
 # (key, value) -> what to do instead. Refused at resolution, never on the workers.
 REFUSED_VALUES: dict[tuple[str, str], str] = {
-    ("pos_emb", "rpe"): "T5 relative position encoding is not built; use rotary or alibi",
     ("data_impl", "cached"): (
         "only the mmap .bin/.idx format is read; re-run tools/preprocess_data.py and use "
         "data_impl: mmap"

@@ -30,6 +30,9 @@ OPTIONS = (
         {"apply_query_key_layer_scaling": True, "attention_softmax_in_fp32": True},
         {"layer_attention_types": ("sdpa", "flash"), "softmax_fusion": True},
         {"layer_attention_types": ("global", "sdpa"), "softmax_fusion": True, "pos_emb": "alibi"},
+        {"layer_attention_types": ("gmlp", "amlp"), "gmlp_attn_dim": 8},
+        {"layer_attention_types": ("amlp", "sdpa"), "pos_emb": "rpe", "rpe_num_buckets": 6},
+        {"layer_attention_types": ("global", "flash"), "softmax_fusion": True, "pos_emb": "rpe"},
         {"intermediate_size": 40},
         {"layer_attention_types": ("rwkv", "global"), "dim_att": 48, "ffn_dim": 40},
         {"sliding_window_width": 2},
@@ -53,6 +56,9 @@ OPTIONS = (
 def test_option_trains(overrides):
     args = neox_args(num_layers=2, **overrides)
     model = build_gpt(args).train()
+    for name, p in model.named_parameters():
+        if name.endswith("sgu.spatial_weight"):  # zero at init (the paper's): a constant gate
+            p.data.normal_(0.0, 0.1)  # would leave the gate's norm without gradient
     ((inputs, labels),) = micro_batches(args, 1)
     logits = model(*inputs)
     assert logits.shape == (*inputs[0].shape, args.vocab_size)
@@ -93,7 +99,7 @@ def test_llama_shape_trains():
     [
         ("norm", "layer_norm", "did you mean 'layernorm'"),
         ("activation", "swiglu2", "swiglu"),
-        ("pos_emb", "rpe", "rotary"),
+        ("pos_emb", "rope", "rotary"),
         ("init_method", "kaiming", "small_init"),
         ("layer_attention_types", ("ring",) * 4, "flash"),
         ("pipe_partition_method", "by_size", "type:transformer"),
