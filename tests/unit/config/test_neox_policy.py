@@ -17,15 +17,12 @@ NEOX_DEFAULTS = {
     "expansion_factor": None,
     "layernorm_fusion": False,
     "rmsnorm_fusion": False,
-    "rpe_num_buckets": 32,
-    "rpe_max_distance": 128,
     "opt_pos_emb_offset": 0,
     "sparsity_config": None,
     "num_unique_layers": None,
     "param_sharing_style": "grouped",
     "use_cpu_initialization": False,
     "rotary_save_freqs_buffer": False,
-    "gmlp_attn_dim": 64,
     "soft_prompt_tuning": None,
     "output_layer_parallelism": "column",
     "bias_dropout_fusion": False,
@@ -93,6 +90,9 @@ NEOX_DEFAULTS = {
 
 # Our keys whose default GPT-NeoX also defines (same file).
 NEOX_DEFAULTS_OF_OUR_KEYS = {
+    "rpe_num_buckets": 32,
+    "rpe_max_distance": 128,
+    "gmlp_attn_dim": 64,
     "moe_expert_interval": 1,
     "train_impl": "normal",
     "dpo_fp32": True,
@@ -205,11 +205,12 @@ def test_neox_default_values_pass_silently(write):
 
 def test_dependent_keys_without_their_feature_warn(write):
     warn: list[str] = []
-    cfg = _load(write, "moe_loss_coeff: 0.5\nmup_init_scale: 2.0\nrpe_num_buckets: 64\n", warn=warn)
+    text = "moe_loss_coeff: 0.5\nmup_init_scale: 2.0\nparam_sharing_style: flat\n"
+    cfg = _load(write, text, warn=warn)
     assert cfg.unimplemented == {
         "moe_loss_coeff": 0.5,
         "mup_init_scale": 2.0,
-        "rpe_num_buckets": 64,
+        "param_sharing_style": "flat",
     }
     assert len(warn) == 3 and all("run.yml" in w and "no effect without" in w for w in warn)
     assert any("moe_num_experts > 1" in w for w in warn)
@@ -222,9 +223,7 @@ def test_no_effect_keys_warn_once_and_only_off_default(write):
     assert len(warn) == 2 and all("has no effect here" in w for w in warn)
 
 
-@pytest.mark.parametrize(
-    "text, key", [("pos_emb: rpe\n", "pos_emb"), ("data_impl: cached\n", "data_impl")]
-)
+@pytest.mark.parametrize("text, key", [("data_impl: cached\n", "data_impl")])
 def test_schema_values_nothing_builds_are_refused(write, text, key):
     with pytest.raises(ConfigError, match=f"config key '{key}' .*run.yml.*not supported"):
         _load(write, text)
@@ -291,7 +290,7 @@ def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
     for kind in (*ATTENTION_BACKENDS, *BLOCK_LAYERS):
         cfg = _load(write, f"attention_config: [[[{kind}], 2]]\n")
         assert cfg.model.layer_attention_types == (kind, kind)
-    for kind in ("local", "sparse_fixed", "bigbird", "gmlp"):
+    for kind in ("local", "sparse_fixed", "bigbird"):
         with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'"):
             _load(write, f"attention_config: [[[{kind}], 2]]\n")
 

@@ -54,6 +54,9 @@ VARIANTS = {
     "learned_rmsnorm_bias": neox_args(pos_emb="learned", norm="rmsnorm"),
     "scalenorm_geglu": neox_args(norm="scalenorm", activation="geglu", mlp_multiple_of=16),
     "nonparam_relu_alibi": neox_args(norm="non_parametric_layernorm", pos_emb="alibi"),
+    "gmlp_amlp_rpe": neox_args(
+        layer_attention_types=("gmlp", "amlp", "global", "amlp"), gmlp_attn_dim=8, pos_emb="rpe"
+    ),
     "llama": llama_args(),
     "mamba_and_attention": llama_args(layer_attention_types=("mamba", "global") * 2),
     "llama_qk_norm_biases": llama_args(
