@@ -193,6 +193,9 @@ def check_layout(per_rank, args, batches):
     assert seen == set(ref_grads), f"parameters never compared: {set(ref_grads) - seen}"
 
 
+GMLP_MIX = ("gmlp", "amlp", "global", "amlp")  # gMLP blocks (tp 1 only) between attention
+
+
 def test_pipeline_engine_matches_single_process():
     neox = neox_args(pipe_parallel_size=2)
     neox_ckpt = dataclasses.replace(neox, checkpoint_activations=True, partition_activations=True)
@@ -206,6 +209,8 @@ def test_pipeline_engine_matches_single_process():
         (llama_sp, 2, 1, llama_batches, 0),
         (dataclasses.replace(neox, sequence_parallel=True), 2, 2, neox_batches, 0, NO_PIPE_SPLIT),
         (dataclasses.replace(neox_ckpt, layer_attention_types=RWKV_MIX), 1, 2, neox_batches, 0),
+        (dataclasses.replace(neox, pos_emb="rpe", rpe_num_buckets=8), 2, 2, neox_batches, 0),
+        (dataclasses.replace(neox_ckpt, layer_attention_types=GMLP_MIX), 1, 2, neox_batches, 0),
     ]
     methods = ["type:transformer", "uniform", "parameters"]
     results = run_distributed(_worker, 4, layouts, methods, timeout=600)
