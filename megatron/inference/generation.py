@@ -108,8 +108,10 @@ def generate(
     """Results for `prompts` in their order, batching prompts of equal length."""
     if not settings.recompute and not supports_kv_cache(model.args):
         log.warning(
-            "pos_emb %s, mamba or rwkv layers cannot use the key/value cache; recomputing",
+            "this model (pos_emb %s, attention types %s) cannot use the key/value cache; "
+            "recomputing",
             model.args.pos_emb,
+            sorted(set(model.args.layer_attention_types) or {"global"}),
         )
     limit = position_limit(model.args)
     trimmed = []

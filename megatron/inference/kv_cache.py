@@ -13,8 +13,9 @@ causal mask aligned to the end (new query `i` sees every cached key and the new 
 and with `sliding_window_width` W only the keys at most W positions before it (the cache keeps
 every key; the mask is what limits attention to the window).
 
-Encodings that add a score bias computed from the query and key positions (ALiBi) cannot
-reuse cached keys this way: `supports_kv_cache` says so and generation then recomputes.
+Encodings that add a score bias computed from the query and key positions (ALiBi, T5's
+relative bias) cannot reuse cached keys this way, nor gMLP layers, whose spatial projection
+mixes the whole sequence: `supports_kv_cache` says so and generation then recomputes.
 """
 
 from __future__ import annotations
@@ -26,17 +27,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.attention import ParallelSelfAttention
-from megatron.model.attention_backends import blocked_keys
+from megatron.model.attention_backends import ATTENTION_BACKENDS, blocked_keys
 
 BIASED_POSITIONS = ("alibi", "rpe")
 
 
 def supports_kv_cache(args) -> bool:
     """False for positional encodings that bias attention scores by query/key distance, and
-    for models with `mamba` or `rwkv` layers (their recurrent state is not a key/value cache:
-    generation recomputes)."""
-    recurrent = {"mamba", "rwkv"} & set(args.layer_attention_types)
-    return args.pos_emb not in BIASED_POSITIONS and not recurrent
+    for models with layers other than attention layers (`mamba`, `rwkv`, whose recurrent state
+    is not a key/value cache, and `gmlp`/`amlp`, whose spatial gating reads the whole
+    sequence): generation recomputes."""
+    others = set(args.layer_attention_types) - set(ATTENTION_BACKENDS)
+    return args.pos_emb not in BIASED_POSITIONS and not others
 
 
 class KVCache:

@@ -131,6 +131,9 @@ QKV_BIAS_RULE = Rule(
 NO_MOE = only("moe_num_experts", 1, "the class has dense MLPs only (no mixture of experts)")
 # The other MoE keys change nothing while moe_num_experts is 1, which NO_MOE requires.
 MOE_DEPENDENT = frozenset(f.name for f in dataclasses.fields(MoEConfig)) - {"moe_num_experts"}
+# Read only by `pos_emb: rpe` and gmlp/amlp layers, which every class's rules refuse
+# (pos_emb rotary, ATTENTION_RULE): they change nothing in a model that can be exported.
+RPE_GMLP_DEPENDENT = frozenset({"rpe_num_buckets", "rpe_max_distance", "gmlp_attn_dim"})
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
 
 def unclassified(spec: HFConfigSpec, args_type: type = ModelArgs) -> list[str]:
     """`ModelArgs` fields the spec says nothing about (each must be classified)."""
-    known = NEUTRAL | CARRIED | MOE_DEPENDENT | MAMBA_LAYER_OPTIONS | spec.free | set(spec.rules)
+    known = NEUTRAL | CARRIED | MOE_DEPENDENT | MAMBA_LAYER_OPTIONS | RPE_GMLP_DEPENDENT
+    known |= spec.free | set(spec.rules)
     return [f.name for f in dataclasses.fields(args_type) if f.name not in known]
 
 

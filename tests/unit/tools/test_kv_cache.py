@@ -31,6 +31,8 @@ ARGS = {
     ),
     "learned": dict(pos_emb="learned"),
     "alibi": dict(pos_emb="alibi"),
+    "rpe": dict(pos_emb="rpe"),
+    "gmlp": dict(layer_attention_types=("amlp", "global"), gmlp_attn_dim=8),
 }
 
 
@@ -64,7 +66,7 @@ def test_cached_steps_give_the_logits_of_the_full_sequence(kind):
     assert not any(type(m).__name__ == "CachedAttention" for m in model.module.modules())
 
 
-@pytest.mark.parametrize("kind", ["neox", "llama", "alibi"])
+@pytest.mark.parametrize("kind", ["neox", "llama", "alibi", "rpe", "gmlp"])
 def test_cache_and_recompute_generate_the_same_tokens(kind):
     model = tiny_model(kind)
     prompts = [[3, 9, 27, 17], [60, 1, 5, 44], [8]]
@@ -74,7 +76,7 @@ def test_cache_and_recompute_generate_the_same_tokens(kind):
     assert [g.prompt for g in cached] == prompts
     assert all(len(g.tokens) == 10 and not g.finished for g in cached)
     assert len({tuple(g.tokens) for g in cached}) > 1
-    assert supports_kv_cache(model.args) == (kind != "alibi")
+    assert supports_kv_cache(model.args) == (kind in ("neox", "llama"))
 
 
 def test_end_of_document_and_the_position_limit_end_a_sample():
