@@ -16,6 +16,11 @@ projections have `num_kv_heads` heads (GQA), the head has the padded vocabulary'
                             (in_proj, x_proj, dt_proj, out_proj: di = d_inner, r = dt_rank;
                             in place of attention and MLP; the depthwise convolution and the
                             scan are element-wise, not matmuls, and are not counted)
+    per gMLP layer and token (in place of attention and MLP; f = 4 h, s counted in full as
+    attention is; `megatron/model/gmlp.py`):
+        projections         2 · h · 2f + 2 · f · h
+        spatial gating      2 · s · f
+        aMLP's attention    2 · 2f · 3a + 2 · 2 · s · a + 2 · a · f    a = gmlp_attn_dim
     logits                  2 · h · V_padded     (2 · h for a reward model's value head)
 
     an `rwkv` layer instead (a = dim_att, n = head_size, f = ffn_dim; megatron/model/rwkv.py):
@@ -67,6 +72,7 @@ import torch
 
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
+from megatron.model.gmlp import GMLP_FF_MULT, is_gmlp_layer
 from megatron.model.mamba import D_STATE, mamba_dt_rank, mamba_inner_size
 from megatron.model.mlp import mlp_inner_size
 from megatron.model.moe import is_moe_layer
@@ -124,6 +130,11 @@ class ModelShape:
     """Layers that are RWKV layers (`rwkv` in `attention_config`), not transformer layers."""
     rwkv_widths: tuple[int, int, int] = (0, 0, 0)
     """Their `(dim_att, head_size, ffn_dim)`."""
+    gmlp_layers: int = 0
+    """gMLP blocks (`gmlp` and `amlp` layers), which have no attention and no MLP."""
+    amlp_layers: int = 0
+    """Those of them with aMLP's tiny attention of `gmlp_attn_dim`."""
+    gmlp_attn_dim: int = 0
 
     @property
     def attended_keys(self) -> int:
@@ -159,6 +170,9 @@ class ModelShape:
             mamba_dt_rank=mamba_dt_rank(args),
             rwkv_layers=sum(args.attention_type(i) == "rwkv" for i in range(args.num_layers)),
             rwkv_widths=rwkv_widths(args) if "rwkv" in args.layer_attention_types else (0, 0, 0),
+            gmlp_layers=sum(is_gmlp_layer(args, i) for i in range(args.num_layers)),
+            amlp_layers=sum(args.attention_type(i) == "amlp" for i in range(args.num_layers)),
+            gmlp_attn_dim=args.gmlp_attn_dim,
         )
 
 
@@ -180,7 +194,8 @@ def forward_flops_per_token(shape: ModelShape) -> float:
     logits = 2 * h * shape.vocab_size
     di, r = shape.mamba_inner_size, shape.mamba_dt_rank
     mamba = 2 * h * 2 * di + 2 * di * (r + 2 * D_STATE) + 2 * r * di + 2 * di * h
-    transformer_layers = shape.num_layers - shape.mamba_layers - shape.rwkv_layers
+    blocks = shape.mamba_layers + shape.rwkv_layers + shape.gmlp_layers
+    transformer_layers = shape.num_layers - blocks
     dense_layers = transformer_layers - shape.moe_layers
     per_layer = qkv + attention + dense
     return float(
@@ -189,6 +204,7 @@ def forward_flops_per_token(shape: ModelShape) -> float:
         + shape.moe_layers * moe
         + shape.mamba_layers * mamba
         + shape.rwkv_layers * _rwkv_layer_flops(shape)
+        + _gmlp_flops(shape)
         + logits
     )
 
@@ -202,6 +218,15 @@ def _rwkv_layer_flops(shape: ModelShape) -> float:
     wkv = 2 * 2 * a * n
     channel_mix = 2 * h * (2 * f + h)
     return mixes + projections + decay + wkv + channel_mix
+
+
+def _gmlp_flops(shape: ModelShape) -> int:
+    """Forward FLOPs per token of the gMLP and aMLP layers (see the module docstring)."""
+    h, s, a = shape.hidden_size, shape.seq_length, shape.gmlp_attn_dim
+    f = GMLP_FF_MULT * h
+    gmlp = 2 * h * 2 * f + 2 * f * h + 2 * s * f
+    tiny_attention = 2 * 2 * f * 3 * a + 2 * 2 * s * a + 2 * a * f
+    return shape.gmlp_layers * gmlp + shape.amlp_layers * tiny_attention
 
 
 def training_flops_per_token(shape: ModelShape) -> float:

@@ -73,6 +73,8 @@ def _counted_hf(model: torch.nn.Module, seq: int) -> float:
         (["llama-small"], []),  # Llama: GQA 8/2, SwiGLU rounded to 32, untied
         (["llama-small"], ["activation=geglu", "intermediate_size=1000", "no_weight_tying=false"]),
         (["small"], ["activation=reglu", "attention_config=[[['global'], 4]]"]),
+        (["small"], ["attention_config=[[['gmlp', 'amlp'], 'all']]", "pos_emb=rpe"]),
+        (["small"], ["attention_config=[[['amlp', 'global'], 2]]", "gmlp_attn_dim=16"]),
         (["llama-7B"], []),  # 7B: intermediate_size 32768 -> 11008 per gated branch
     ],
 )
