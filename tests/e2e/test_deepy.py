@@ -156,14 +156,6 @@ def test_config_that_would_train_something_else_launches_nothing(tmp_path, extra
     assert not (tmp_path / "out").exists()
 
 
-def test_positional_encoding_the_model_cannot_build_is_refused_in_a_dry_run(tmp_path):
-    machine = machine_file(tmp_path, "num_gpus: 2\n")
-    args = ["--dry-run", str(WORKER), "configs/small.yml", str(machine), "--set", "pos_emb=rpe"]
-    proc = deepy(args, tmp_path)
-    assert proc.returncode == 2 and "config key 'pos_emb' (--set): 'rpe'" in proc.stderr
-    assert "deepspeed.launcher.runner" not in proc.stdout
-
-
 def test_model_only_config_generates_but_does_not_train(tmp_path):
     model = tmp_path / "model.yml"
     model.write_text(
