@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.config.checks.gmlp_rpe import GMLP_TYPES
 from megatron.kernels import reference_scaled_masked_softmax
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
@@ -40,7 +41,7 @@ GMLP_FF_MULT = 4
 
 
 def is_gmlp_layer(args: ModelArgs, layer_index: int) -> bool:
-    return args.attention_type(layer_index) in ("gmlp", "amlp")
+    return args.attention_type(layer_index) in GMLP_TYPES
 
 
 class TinyAttention(nn.Module):
@@ -77,6 +78,11 @@ class SpatialGatingUnit(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         u, v = z.chunk(2, dim=-1)
         n = z.shape[1]
+        if n > self.spatial_bias.shape[0]:  # shapes are known on the host: no device sync
+            raise ValueError(
+                f"a gMLP layer mixes at most seq_length {self.spatial_bias.shape[0]} positions "
+                f"(its spatial projection's size), got a sequence of {n}"
+            )
         weight = self.spatial_weight[:n, :n]
         # Causal: row i mixes positions <= i only. The mask is built where the weight lives.
         future = torch.ones(n, n, dtype=torch.bool, device=weight.device).triu_(1)

@@ -81,7 +81,11 @@ def test_block_is_the_papers_formula(kind):
 def test_new_block_is_a_plain_mlp_of_the_papers_initialisation():
     layer = GMLPTransformerLayer(neox_args(layer_attention_types=("gmlp",) * 4), 0)
     assert not layer.sgu.spatial_weight.any() and (layer.sgu.spatial_bias == 1).all()
-    assert all(not hasattr(m, "bias") or m.bias is None for m in (layer.input_linear,))
+    # GPT-NeoX's projections hold biases its forward never adds: built without them
+    assert layer.input_linear.bias is None and layer.output_linear.bias is None
+    x = torch.randn(17, 1, 32)  # one position more than seq_length
+    with pytest.raises(ValueError, match="at most seq_length 16"):
+        layer((x, None))
 
 
 def _gmlp_small(world_size=1, **overrides):
