@@ -136,13 +136,17 @@ def test_reward_model_pipeline_matches_single_process():
         for result in per_rank:  # replicated over tp: identical weight and gradient copies
             for copies in result["head_copies"]:
                 assert (copies == copies[:1]).all(), "value head differs between tp ranks"
+        # A gradient that sums to near zero (the final norm's bias, ~1e-7) rounds at the size
+        # of the model's gradients, not its own: errors count against the largest of them.
+        largest = max(g.abs().max().item() for g in ref_grads.values())
         seen = set()
         for result in per_rank:
             # The mean rewards sit near 0 (a sum of signed values): their rounding is absolute
             # (~1e-8 here, on an AMD EPYC), so a purely relative tolerance of 1e-5 is too tight.
             assert result["metrics"] == pytest.approx(ref_metrics, rel=1e-5, abs=1e-7)
             for name, grad in result["grads"].items():
-                assert_close(torch.from_numpy(grad), ref_grads[name], f"gradient of {name}")
+                expected, what = ref_grads[name], f"gradient of {name}"
+                assert_close(torch.from_numpy(grad), expected, what, floor=largest)
                 seen.add(name)
         assert seen == set(ref_grads)
         losses = [r["loss"] for r in per_rank]
