@@ -12,8 +12,14 @@ layer's attention type (`attention_config`) and the softmax-fusion keys:
 
 | type     | fusion off                 | fusion on (`scaled_*_softmax_fusion`)              |
 | -------- | -------------------------- | -------------------------------------------------- |
-| `global` | `ReferenceAttention`       | `FusedSoftmaxAttention` (CUDA kernel when built)   |
+| `global` | `GlobalAttention`          | `FusedSoftmaxAttention` (CUDA kernel when built)   |
 | `flash`, `sdpa` | `SDPAAttention` (torch `scaled_dot_product_attention`; flash on GPU) |
+
+`GlobalAttention` is the same function as `ReferenceAttention` (GPT-NeoX's `global` without
+fusion) computed by SDPA where SDPA computes exactly that: causal, no score bias (ALiBi), no
+window, no attention dropout (whose random draws would differ), as many queries as keys; SDPA's
+kernels accumulate the softmax in fp32 and the layer scaling cancels in exact arithmetic, so
+both keys hold there too. Anywhere else it is `ReferenceAttention`.
 
 `attention_softmax_in_fp32` and `apply_query_key_layer_scaling` (scores divided by the layer
 number before the fp32 softmax, then multiplied back) apply to the explicit-softmax backends;
@@ -148,6 +154,21 @@ class FusedSoftmaxAttention(ReferenceAttention):
         return self.fused_softmax(scores)
 
 
+class GlobalAttention(ReferenceAttention):
+    """`global` attention without fusion: SDPA in the common case, the explicit softmax where
+    SDPA would compute something else (see the module docstring)."""
+
+    def forward(self, q, k, v, bias=None):
+        if (
+            bias is None
+            and self.window is None
+            and not (self.training and self.dropout_p > 0)
+            and q.shape[0] == k.shape[0]
+        ):
+            return SDPAAttention.forward(self, q, k, v)
+        return super().forward(q, k, v, bias)
+
+
 class SDPAAttention(AttentionBackend):
     """`torch.nn.functional.scaled_dot_product_attention` (flash/memory-efficient kernels)."""
 
@@ -177,7 +198,7 @@ class SDPAAttention(AttentionBackend):
 
 # (attention type, softmax fusion on) -> backend class
 ATTENTION_BACKENDS: dict[str, dict[bool, type[AttentionBackend]]] = {
-    "global": {False: ReferenceAttention, True: FusedSoftmaxAttention},
+    "global": {False: GlobalAttention, True: FusedSoftmaxAttention},
     "flash": {False: SDPAAttention, True: SDPAAttention},
     "sdpa": {False: SDPAAttention, True: SDPAAttention},
 }

@@ -1,8 +1,9 @@
 """The attention backends agree with each other and with a plain formula.
 
 Reference (explicit masked softmax), fused scale-mask-softmax (on CPU: the kernel package's
-PyTorch fallback) and torch SDPA give the same context and gradients in fp32, with grouped
-query heads and with an ALiBi bias; query-key layer scaling is exact in fp32.
+PyTorch fallback), torch SDPA and `global` attention without fusion (SDPA where it computes the
+same function) give the same context and gradients in fp32, with grouped query heads and with an
+ALiBi bias, and in bf16 within bf16's rounding; query-key layer scaling is exact in fp32.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from megatron.model.attention_backends import (
     FusedSoftmaxAttention,
+    GlobalAttention,
     ReferenceAttention,
     SDPAAttention,
     build_attention_backend,
@@ -52,7 +54,10 @@ def run(fn, bias=None):
     return out.detach(), [t.grad for t in (q, k, v)]
 
 
-@pytest.mark.parametrize("backend", [ReferenceAttention, FusedSoftmaxAttention, SDPAAttention])
+BACKENDS = [ReferenceAttention, FusedSoftmaxAttention, SDPAAttention, GlobalAttention]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("alibi", [False, True])
 def test_backend_matches_textbook_attention(backend, alibi):
     args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
@@ -84,9 +89,57 @@ def test_query_key_layer_scaling_is_exact_in_fp32():
 def test_backend_choice_follows_attention_type_and_fusion():
     args = neox_args(layer_attention_types=("global", "flash", "sdpa", "global"))
     kinds = [type(build_attention_backend(args, i)) for i in range(4)]
-    assert kinds == [ReferenceAttention, SDPAAttention, SDPAAttention, ReferenceAttention]
+    assert kinds == [GlobalAttention, SDPAAttention, SDPAAttention, GlobalAttention]
     fused = neox_args(softmax_fusion=True)
     assert type(build_attention_backend(fused, 0)) is FusedSoftmaxAttention
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_global_attention_matches_textbook_in_bf16(scaled):
+    """bf16 inputs: the textbook formula in fp64 on the same (rounded) inputs, within bf16's
+    rounding of the context, with and without Megatron's fp32 softmax and layer scaling."""
+    args = neox_args(
+        num_attention_heads=NQ,
+        num_kv_heads=NKV,
+        hidden_size=NQ * D,
+        apply_query_key_layer_scaling=scaled,
+        attention_softmax_in_fp32=scaled,
+    )
+    q, k, v = (t.detach().bfloat16() for t in inputs())
+    expected = naive_attention(q.double(), k.double(), v.double())
+    actual = GlobalAttention(args, layer_number=3).eval()(q, k, v)
+    assert actual.dtype == torch.bfloat16
+    assert_close(actual.double(), expected, "bf16 global attention", tol=2e-2)
+
+
+def sdpa_calls(monkeypatch, backend, bias=None):
+    """How many times `backend` calls torch's SDPA for one forward."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append(1) or sdpa(*a, **k),
+    )
+    backend(*inputs(), bias)
+    return len(calls)
+
+
+def test_global_attention_takes_sdpa_only_where_it_is_the_same_function(monkeypatch):
+    """GPT-NeoX's default attention (`global`, no fusion) runs SDPA's fused kernels; a bias, a
+    window or attention dropout keep the explicit softmax."""
+    args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
+    assert sdpa_calls(monkeypatch, build_attention_backend(args, 0).eval()) == 1
+    bias = torch.zeros(1, NQ, S, S)
+    assert sdpa_calls(monkeypatch, GlobalAttention(args, 1).eval(), bias) == 0
+    windowed = neox_args(
+        num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D, sliding_window_width=2
+    )
+    assert sdpa_calls(monkeypatch, GlobalAttention(windowed, 1).eval()) == 0
+    dropout = neox_args(
+        num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D, attention_dropout=0.1
+    )
+    assert sdpa_calls(monkeypatch, GlobalAttention(dropout, 1).train()) == 0
 
 
 def test_alibi_slopes_follow_the_paper():
