@@ -21,12 +21,18 @@ differs), label smoothing averages over the true vocabulary, and their gradient 
 zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
 from host integers: no extra collective or synchronisation. GPT-NeoX lets the padding columns
 take probability mass; this departs from it on purpose.
+
+The same function serves tp 1 (`tp_group` None: the collectives are no-ops). It is also the
+cheapest there: it allocates one logits-sized buffer (the shifted logits, turned into the softmax
+in place and then into the gradient in place), where `F.cross_entropy` on the token columns
+writes the log-softmax, a zero-filled NLL gradient, the log-softmax gradient and the
+zero-filled gradient of the slice: four buffers of `tokens × V` floats whose passes, at a 50k
+vocabulary, cost more than the output head's matrix multiply on a CPU.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from megatron.parallel.comm import all_reduce, group_rank, group_size
 
@@ -60,6 +66,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # fp32 at least (bf16/fp16 logits are upcast; fp64 stays fp64).
         dtype = torch.promote_types(logits.dtype, torch.float32)
         z = logits.to(dtype).reshape(-1, vocab_per_rank)  # (tokens, V/tp)
+        own_copy = z.data_ptr() != logits.data_ptr()  # an upcast is ours to overwrite
         flat_target = target.reshape(-1)  # (tokens,)
 
         # Subtract the global max of the tokens' logits for a stable exp (a copy: the caller's
@@ -69,7 +76,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         else:  # only padding here
             local_max = z.new_full(z.shape[:1], float("-inf"))
         all_reduce(local_max, group, op="max")
-        z = z - local_max.unsqueeze(-1)
+        z = z.sub_(local_max.unsqueeze(-1)) if own_copy else z - local_max.unsqueeze(-1)
         if real < vocab_per_rank:
             z[:, real:] = float("-inf")  # exp() -> 0: padding takes no probability
 
@@ -158,17 +165,6 @@ def vocab_parallel_cross_entropy(
             "padded vocabulary of the logits"
         )
     true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
-    if group_size(tp_group) == 1:
-        # The whole vocabulary is here: PyTorch's fused log-softmax + NLL is faster. Cutting
-        # the padding columns off equals masking them with -inf, and their gradient is zero.
-        if true_vocab is not None:
-            logits_parallel = logits_parallel[..., :true_vocab]
-        dtype = torch.promote_types(logits_parallel.dtype, torch.float32)
-        logits = logits_parallel.to(dtype).reshape(-1, logits_parallel.shape[-1])
-        loss = F.cross_entropy(
-            logits, target.reshape(-1), reduction="none", label_smoothing=label_smoothing
-        )
-        return loss.view(target.shape)
     return _VocabParallelCrossEntropy.apply(
         logits_parallel, target, tp_group, float(label_smoothing), true_vocab
     )

@@ -1,18 +1,19 @@
 """vocab_parallel_cross_entropy without tensor parallelism: F.cross_entropy, dtypes, errors,
-and the padding columns of the vocabulary masked out."""
+the padding columns of the vocabulary masked out, and how many logits-sized buffers it writes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron.parallel import vocab_parallel_cross_entropy
 from megatron.parallel.cross_entropy import _VocabParallelCrossEntropy
 
 
 def sharded_path(logits, target, label_smoothing=0.0, vocab_size=None):
-    """The vocab-parallel autograd function itself (tp=1 normally takes F.cross_entropy)."""
+    """The vocab-parallel autograd function itself, called directly."""
     return _VocabParallelCrossEntropy.apply(
         logits, target, None, float(label_smoothing), vocab_size
     )
@@ -103,3 +104,41 @@ def test_true_vocabulary_beyond_the_logits_is_refused():
         vocab_parallel_cross_entropy(
             torch.randn(3, 8), torch.zeros(3, dtype=torch.long), None, 0, 9
         )
+
+
+class NewLargeTensors(TorchDispatchMode):
+    """Counts the operator outputs of at least `numel` elements that are new memory (not a view
+    or an in-place update of an input): the full passes an op writes over the logits."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.ops = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                if t.untyped_storage().data_ptr() not in inputs:
+                    self.ops.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize(("dtype", "most"), [(torch.float32, 1), (torch.bfloat16, 2)])
+def test_one_logits_sized_buffer_at_tp1(dtype, most):
+    """Forward and backward at tp 1 with a padded vocabulary write one buffer of the logits'
+    size (the softmax, reused as the gradient), plus the gradient's cast back for bf16 logits.
+    `F.cross_entropy` over the token columns wrote four (the log-softmax, the zero-filled NLL
+    gradient, the log-softmax gradient, the zero-filled gradient of the slice): at a 50k
+    vocabulary those passes cost more than the output head's matrix multiply."""
+    tokens, vocab, padded = 64, 500, 512
+    logits = torch.randn(4, tokens // 4, padded).to(dtype).requires_grad_()
+    target = torch.randint(0, vocab, (4, tokens // 4))
+    with NewLargeTensors(tokens * vocab) as counted:
+        vocab_parallel_cross_entropy(logits, target, vocab_size=vocab).sum().backward()
+    assert len(counted.ops) <= most, counted.ops
+    assert logits.grad.dtype == dtype
