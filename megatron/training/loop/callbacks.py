@@ -102,6 +102,7 @@ class LoggingCallback(Callback):
         )
         if getattr(loop, "curriculum", None) is not None:
             record["curriculum_seqlen"] = loop.curriculum.length  # GPT-NeoX's name
+        loop.keep_host_losses(self.monitor.settled)
         if self.param_norms_of is not None:
             record.update(parameter_norms(self.param_norms_of))
         if self.grad_norms is not None:

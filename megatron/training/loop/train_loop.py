@@ -1,6 +1,11 @@
 """The training loop: step until `train_iters`, `exit_interval` or a signal; every feature
 around the step (logging, evaluation, checkpointing, profiling) is a callback
 (`callbacks.py`). `megatron/training/pretrain.py` builds everything the loop is given.
+
+A train step's loss stays on the device (`losses` holds 0-dim tensors) until the logging
+callback reads its interval's losses in one transfer and hands the floats back
+(`keep_host_losses`); whatever is left is read when the loop ends, so `TrainResult.losses`
+holds floats and a step that does not log waits for nothing (`docs/performance.md`).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.training.loop.evaluation import EvalResult
+from megatron.training.metrics.monitor import host_floats
 
 
 @dataclass
@@ -58,7 +64,12 @@ class TrainLoop:
         self.facts = dict(facts or {})  # fixed for the run: layout, samples the data holds
         self.curriculum = curriculum  # sequence-length curriculum (setup/curriculum.py)
         self.last_loss, self.last_applied = 0.0, True
-        self.losses: list[float] = []
+        self.losses: list = []  # floats, or 0-dim device tensors not read yet
+
+    def keep_host_losses(self, floats: list[float]) -> None:
+        """The host values of the last `len(floats)` steps' losses, read by a callback."""
+        if floats:
+            self.losses[-len(floats) :] = floats
 
     def trainer_state(self) -> dict[str, Any]:
         return {
@@ -84,7 +95,7 @@ class TrainLoop:
             while self.state.iteration < self.train_iters and not stopped:
                 if self.curriculum is not None:
                     self.curriculum.begin_step(self.state.iteration)
-                self.last_loss = self.steps.train_step(self.batches)
+                self.last_loss = self.steps.train(self.batches)
                 self.last_applied = self.steps.step_applied
                 self.state.iteration += 1
                 self.state.consumed_samples += self.global_batch
@@ -98,4 +109,5 @@ class TrainLoop:
             raise
         for callback in self.callbacks:
             callback.on_end(self, stopped)
+        self.losses = host_floats(self.losses)
         return stopped

@@ -12,6 +12,10 @@ A step's tokens and FLOPs are the run's fixed `tokens_per_step` and `flops_per_t
 `step(..., work=)` gives that step's own (`flops.StepWork`: a sequence-length curriculum trains
 on shorter sequences), so tokens/s, TFLOP/s and MFU count what was really computed.
 
+A step's loss may come as a 0-dim device tensor (a train step's, `step/steps.py`): the monitor
+keeps it as it is and reads the interval's losses on the host at `record`, all in one transfer
+(`host_floats`), so the steps between two log records do not wait for the device.
+
 Extra per-step figures (`step(..., extras={"moe_aux_loss": ...})`, the mixture-of-experts
 router losses) are logged as their mean over the interval's steps, under their own names.
 """
@@ -21,7 +25,21 @@ from __future__ import annotations
 import math
 import time
 
+import torch
+
 from megatron.training.metrics.flops import throughput
+
+
+def host_floats(values: list) -> list[float]:
+    """`values` (Python numbers or 0-dim tensors) as floats: the tensors are copied to the host
+    together, one synchronisation for all of them (none when there are none)."""
+    tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    out = [float(v) if i not in tensors else 0.0 for i, v in enumerate(values)]
+    if tensors:
+        stacked = torch.stack([values[i].detach().reshape(()).double() for i in tensors])
+        for i, value in zip(tensors, stacked.tolist()):
+            out[i] = value
+    return out
 
 
 class TrainMonitor:
@@ -44,6 +62,7 @@ class TrainMonitor:
         self.clock = clock
         self.tokens_trained = 0  # over the whole run, for the summary
         self.start = clock()
+        self.settled: list[float] = []  # the last record's losses, on the host
         self._reset(self.start)
 
     def _reset(self, now: float) -> None:
@@ -57,8 +76,10 @@ class TrainMonitor:
         self.tokens = 0
         self.flops = 0.0
         self.extras: dict[str, float] = {}
+        self.pending: list = []  # (loss, applied) of the interval's steps, read at `record`
 
-    def step(self, loss: float, applied: bool, extras: dict | None = None, work=None) -> None:
+    def step(self, loss, applied: bool, extras: dict | None = None, work=None) -> None:
+        """One step: `loss` a float or a 0-dim tensor (read at `record`)."""
         self.steps += 1
         tokens = work.tokens if work is not None else self.tokens_per_step
         self.tokens += tokens
@@ -66,6 +87,17 @@ class TrainMonitor:
         self.flops += work.flops if work is not None else tokens * self.flops_per_token
         for name, value in (extras or {}).items():
             self.extras[name] = self.extras.get(name, 0.0) + value
+        self.pending.append((loss, applied))
+
+    def settle(self) -> list[float]:
+        """The interval's losses on the host (one transfer), folded into its sums."""
+        losses = host_floats([loss for loss, _ in self.pending])
+        for loss, (_, applied) in zip(losses, self.pending):
+            self._add(loss, applied)
+        self.pending = []
+        return losses
+
+    def _add(self, loss: float, applied: bool) -> None:
         self.all_loss_sum += loss
         if not math.isfinite(loss) and self.nonfinite_loss is None:
             self.nonfinite_loss = loss
@@ -83,6 +115,8 @@ class TrainMonitor:
         return self.all_loss_sum / self.steps if self.steps else None
 
     def record(self, iteration: int, lr, grad_norm, loss_scale, timers=None) -> dict:
+        """The interval's record; its losses read on the host are left in `settled`."""
+        self.settled = self.settle()
         now = self.clock()
         seconds = now - self.interval_start
         speed = throughput(

@@ -5,8 +5,9 @@ DeepSpeed's engines call at the end of a global batch: `PipelineEngine` from its
 `OptimizerStep` instruction, the plain engine from `step()` at the accumulation boundary).
 Before the update it asks, on every rank: is this rank's share of the loss non-finite, or,
 where DeepSpeed wraps nothing around our optimizer (fp32 without ZeRO, whose DeepSpeed path
-checks nothing), is the global gradient norm non-finite? One flag is then all-reduced (MAX)
-over the whole world, so every rank takes the same decision.
+checks nothing), is the global gradient norm non-finite? Both answers stay on the device, in
+one flag that is all-reduced (MAX) over the whole world on the device, so every rank takes the
+same decision; reading that flag is the step's one host synchronisation (`docs/performance.md`).
 
 A bad step is skipped through DeepSpeed's own overflow path: the engine's step runs with our
 optimizer's `step` replaced by a no-op that marks the engine's optimizer as overflowed, so
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.parallel.comm import all_reduce
 from megatron.parallel.host_values import reduce_host, world_group
 from megatron.training.step.grad_norm import STEP_GRAD_NORM, global_grad_norm
 
@@ -33,12 +35,16 @@ def _any_rank(flag: bool) -> bool:
     return bool(reduce_host([flag], world_group(), op="max")[0])
 
 
-def _is_finite(value) -> bool:
+def _nonfinite(value, device) -> torch.Tensor:
+    """A 0-dim bool tensor on `device`: does `value` (None, a number, a tensor or a list of
+    them) hold inf/NaN? Computed on the device, without reading anything back."""
     if value is None:
-        return True
+        return torch.zeros((), dtype=torch.bool, device=device)
     if isinstance(value, list | tuple):
-        return all(_is_finite(v) for v in value)
-    return bool(torch.isfinite(torch.as_tensor(value)).all())
+        flags = [_nonfinite(v, device) for v in value]
+        return torch.stack(flags).any() if flags else _nonfinite(None, device)
+    value = torch.as_tensor(value).detach()
+    return ~torch.isfinite(value.to(device)).all()
 
 
 class NonFiniteSteps:
@@ -59,7 +65,7 @@ class NonFiniteSteps:
 
         def guarded_step(lr_kwargs=None):
             try:
-                if _any_rank(self._bad_here()):
+                if self._bad_anywhere():
                     self._skip(take_step, lr_kwargs)
                 else:
                     take_step(lr_kwargs)
@@ -68,15 +74,22 @@ class NonFiniteSteps:
 
         self.engine._take_model_step = guarded_step
 
-    def _bad_here(self) -> bool:
-        bad = not _is_finite(self.local_loss())
+    def _bad_here(self) -> torch.Tensor:
+        """This rank's verdict as a 0-dim bool tensor on the engine's device."""
+        device = self.engine.device
+        bad = _nonfinite(self.local_loss(), device)
         if self.engine.optimizer is self.optimizer:  # no DeepSpeed wrapper checks the grads
             params = [p for p in self.engine.module.parameters() if p.grad is not None]
             norm = global_grad_norm(params, self.topology)
             self.engine._global_grad_norm = norm  # the step's norm, shown in the logs
             setattr(self.engine, STEP_GRAD_NORM, norm)  # reused by the clipping of this step
-            bad = bad or not _is_finite(norm)
+            bad = bad | _nonfinite(norm, device)
         return bad
+
+    def _bad_anywhere(self) -> bool:
+        """Whether any rank's step is bad: one all-reduce on the device, one read."""
+        flag = all_reduce(self._bad_here().to(torch.int32), world_group(), op="max")
+        return bool(flag)
 
     def _skip(self, take_step, lr_kwargs) -> None:
         """DeepSpeed's step with our optimizer's update made a no-op marked as an overflow."""

@@ -4,7 +4,9 @@
 `gradient_accumulation_steps` micro-batches from the iterator and return the loss averaged
 over micro-batches and data-parallel ranks). `PlainSteps` drives the ordinary engine (ZeRO
 0-3): forward, `loss_fn`, backward and `step` per micro-batch, then the same averaging.
-Both return the loss as a Python float, equal on every rank. During a train step,
+Both return the loss as a Python float, equal on every rank; `train` is the train step that
+returns it as a 0-dim device tensor instead, which the training loop reads on the host only
+when it logs (no host synchronisation of its own, `docs/performance.md`). During a train step,
 `local_loss()` is this rank's summed loss of the global batch so far (what the non-finite
 step check, `nonfinite.py`, reads just before the optimizer step). With mixture-of-experts
 layers, `moe_losses` holds the last train step's router losses for the log (`moe_grads.py`).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.parallel.comm import all_reduce
 from megatron.parallel.host_values import reduce_host
 from megatron.training.step.moe_grads import moe_loss_record, prepare_moe_step
 
@@ -68,8 +71,13 @@ class EngineSteps:
         taken = [next(batches) for _ in range(self.engine.gradient_accumulation_steps())]
         return iter(self.reference.fill(taken))
 
-    def train_step(self, batches) -> float:
+    def train(self, batches) -> torch.Tensor:
+        """Train on one global batch; its loss as a 0-dim tensor on the device."""
         raise NotImplementedError
+
+    def train_step(self, batches) -> float:
+        """`train`, its loss read on the host."""
+        return float(self.train(batches))
 
     def eval_step(self, batches) -> float:
         raise NotImplementedError
@@ -100,13 +108,13 @@ class PipelineSteps(EngineSteps):
                 self.engine.reset_activation_shape()
             self._length = length
 
-    def train_step(self, batches) -> float:
+    def train(self, batches) -> torch.Tensor:
         if self.curriculum is not None:
             self._use_length(self.curriculum.length)
         self._before_train_step()
-        loss = float(self.engine.train_batch(data_iter=self._with_reference(batches)))
+        loss = self.engine.train_batch(data_iter=self._with_reference(batches))
         self._after_train_step()
-        return loss
+        return loss.detach().clone()  # DeepSpeed keeps its own
 
     def eval_step(self, batches) -> float:
         if self.curriculum is not None:
@@ -130,7 +138,11 @@ class PlainSteps(EngineSteps):
     def _mean_over_data_parallel(self, total: torch.Tensor, count: int) -> float:
         return float(reduce_host(total / count, self.dp_group)) / self.dp_size
 
-    def train_step(self, batches) -> float:
+    def _device_mean(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """The same mean, kept on the device (summed in float64, as `reduce_host` sums)."""
+        return all_reduce((total / count).double(), self.dp_group) / self.dp_size
+
+    def train(self, batches) -> torch.Tensor:
         engine = self.engine
         # Summed on the device: one copy to the host per step (in the mean), not per micro-batch
         total = self._loss_so_far = torch.zeros((), dtype=torch.float32, device=engine.device)
@@ -144,7 +156,7 @@ class PlainSteps(EngineSteps):
             total += loss.detach().float()  # before step(): the last one may update
             engine.step()
         self._after_train_step()
-        return self._mean_over_data_parallel(total, steps)
+        return self._device_mean(total, steps)
 
     @torch.no_grad()
     def eval_step(self, batches) -> float:

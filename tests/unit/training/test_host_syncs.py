@@ -1,0 +1,145 @@
+"""The common training step reads one value back from the device: the non-finite flag.
+
+On a GPU every read of a device value on the host (`.item()`, `float()`, `bool()`,
+`.tolist()`) waits for the device to finish all the work queued before it, so a step that reads
+more than it must stalls the device as often. These tests count the reads (every one goes
+through `aten::_local_scalar_dense`, or `Tensor.tolist`) while the real trainer steps, on both
+DeepSpeed engines at fp32 (the path where our own guard computes the gradient norm), and while
+the training loop logs every few steps: a step that does not log adds none
+(`docs/performance.md` lists what each step reads and why).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.distributed import run_distributed
+from tests.tiny import resolve, tiny_settings
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of tensor values on the host while active, but for the tensors in
+    `exempt` (torch's optimizers keep their step counters on the host on every device, so
+    reading them waits for nothing)."""
+
+    def __init__(self, exempt=()):
+        super().__init__()
+        self.exempt = {t.data_ptr() for t in exempt}
+
+    def __enter__(self):
+        self.count = 0
+        tolist = self._tolist = torch.Tensor.tolist
+
+        def counted(tensor, *args, **kwargs):
+            self.count += 1
+            return tolist(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += args[0].data_ptr() not in self.exempt
+        return func(*args, **(kwargs or {}))
+
+
+def _reads_per_step(rank, world_size, folder):
+    from megatron.data import build_tokenizer
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.batches import BatchSettings
+    from megatron.training.setup.data import BatchFactory, build_datasets
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.nonfinite import NonFiniteSteps
+    from megatron.training.step.steps import engine_steps
+
+    out = {}
+    for pp in (0, 1):
+        settings = tiny_settings(f"{folder}/{pp}", save=None, load=None, train_iters=5,
+                                 pipe_parallel_size=pp, steps_per_print=1000)  # fmt: skip
+        cfg = resolve(settings, world_size)
+        topology = initialize_distributed(cfg)
+        seed_everything(cfg.training.seed)
+        parts = build_engine(cfg, topology, 5)
+        steps = engine_steps(parts.engine, topology)
+        NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
+        batch = BatchSettings.from_config(cfg, build_tokenizer(cfg).eod)
+        device = parts.engine.device
+        batches = BatchFactory(cfg, topology, batch, device)(build_datasets(cfg, 5)[0], 0)
+        steps.train(batches)  # the first step builds what later steps reuse
+        state = parts.optimizer.state.values()
+        counters = [s["step"] for s in state if torch.is_tensor(s.get("step"))]
+        with HostReads(exempt=counters) as reads:
+            losses = [steps.train(batches) for _ in range(3)]
+        out[pp] = (reads.count / 3, [float(loss) for loss in losses], steps.step_applied)
+    return out
+
+
+def test_a_train_step_reads_one_value_on_both_engines(tmp_path):
+    """The non-finite step check's flag (loss and gradient norm together, agreed on the
+    device over the world) is the one read; the loss stays on the device."""
+    result = run_distributed(_reads_per_step, 1, str(tmp_path))[0]
+    for pp, (reads, losses, applied) in result.items():
+        assert reads == 1, f"pipe_parallel_size {pp}: {reads} host reads per step"
+        assert all(0 < loss < 20 for loss in losses) and applied
+
+
+class _Steps:
+    step_applied = True
+
+    def train(self, batches):
+        return torch.tensor(2.0) + next(batches)
+
+
+class _Loggers:
+    def __init__(self):
+        self.records = []
+
+    def log_train(self, record):
+        self.records.append(record)
+
+
+def test_the_loop_reads_losses_only_when_it_logs():
+    """With `log_interval` 4, steps 1-3 read nothing; step 4 reads its interval's four losses in
+    one transfer, and the run's result still holds every loss as a float."""
+    from megatron.training.loop.callbacks import LoggingCallback
+    from megatron.training.loop.train_loop import TrainLoop, TrainState
+    from megatron.training.metrics.monitor import TrainMonitor
+
+    class Engine:
+        def get_global_grad_norm(self):
+            return None
+
+        def fp16_enabled(self):
+            return False
+
+    class Schedule:
+        def get_lr(self):
+            return 1.0
+
+    monitor = TrainMonitor(8, 1.0, world_size=1, peak_tflops=None, train_iters=6)
+    loggers = _Loggers()
+    reads = []
+
+    class Count(LoggingCallback):
+        def after_step(self, loop):
+            with HostReads() as counted:
+                super().after_step(loop)
+            reads.append(counted.count)
+
+    loop = TrainLoop(
+        steps=_Steps(), engine=Engine(), lr_scheduler=Schedule(),
+        batches=iter(torch.arange(6.0)), state=TrainState(), train_iters=6, global_batch=1,
+        guard=None, loggers=loggers, callbacks=[Count(monitor, loggers, log_interval=4)],
+    )  # fmt: skip
+    with HostReads() as stepping:
+        loop.run()
+    assert reads == [0, 0, 0, 1, 0, 0]
+    assert [r["loss"] for r in loggers.records] == [3.5, 6.5]  # steps 1-4, then 5-6 at the end
+    assert loop.losses == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    assert stepping.count == 2  # the two records: the end has nothing left to read
