@@ -1,17 +1,23 @@
 """Training throughput of our trainer against a plain PyTorch loop, on the same batches.
 
     python bench/bench_train.py [configs/small.yml configs/local.yml] [--steps 20] [--warmup 3]
-                                [--set KEY=VALUE ...] [--engines pipeline,plain] [--out FILE]
+                                [--set KEY=VALUE ...] [--engines pipeline,plain]
+                                [--precisions fp32,bf16] [--compiled] [--out PATH]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
 pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
 and the same-shape `transformers.GPTNeoXForCausalLM` trained by a plain loop (forward, cross
 entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW` with the same settings).
-Every contender trains `--warmup` untimed then `--steps` timed global batches, the same
-batches read from the config's training data, taking turns batch by batch (fair under a
-changing machine load). Reports tokens/s
-and achieved GFLOP/s (model FLOPs, `megatron/training/metrics/flops.py`), prints a table and writes
-the JSON to `--out` (default `bench/results/train_small_cpu.json`), as the other benchmarks do.
+For each precision in `--precisions`: fp32, and bf16 (ours: `precision: bfloat16`, DeepSpeed's
+bf16 weights with fp32 master weights; the loop: fp32 weights under `torch.autocast` bf16),
+skipped with a note where the device has no bf16 kernels. `--compiled` adds the loop over
+`torch.compile(model)` and our plain engine with `torch_compile: true`. Every contender trains
+`--warmup` untimed then `--steps` timed global batches, the same batches read from the
+config's training data, taking turns batch by batch (fair under a changing machine load).
+Reports tokens/s, achieved GFLOP/s (model FLOPs, `megatron/training/metrics/flops.py`) and
+each contender's speed relative to the eager loop of its precision, prints a table and writes
+the JSON (command, device, load average) to the path `--out` names (default
+`bench/results/train_small_cpu.json`).
 """
 
 from __future__ import annotations
@@ -58,6 +64,16 @@ def fixed_batches(cfg, count: int):
     return [[next(batches) for _ in range(t.gradient_accumulation_steps)] for _ in range(count)]
 
 
+PRECISIONS = {"fp32": "fp32", "bf16": "bfloat16"}  # --precisions name -> config value
+
+
+def bf16_supported() -> bool:
+    """Whether this device has bf16 kernels (a GPU that says so, or a CPU with AVX512-BF16/AMX)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, float]:
     """Seconds each step function spends on the timed batches. The contenders take turns,
     one global batch each, so a machine whose load changes during the run slows them alike."""
@@ -78,13 +94,15 @@ def ours(cfg, batches):
     from megatron.launcher.worker import initialize_distributed
     from megatron.parallel.random import seed_everything
     from megatron.training.setup.engine import build_engine
+    from megatron.training.step.nonfinite import NonFiniteSteps
     from megatron.training.step.steps import engine_steps
 
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
-    engine = build_engine(cfg, topology, len(batches)).engine
-    steps = engine_steps(engine, topology)
-    return lambda batch: steps.train_step(iter(batch))
+    parts = build_engine(cfg, topology, len(batches))
+    steps = engine_steps(parts.engine, topology)
+    NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
+    return lambda batch: steps.train(iter(batch))  # as the training loop steps
 
 
 def hf_model(cfg):
@@ -113,10 +131,13 @@ def hf_model(cfg):
     return transformers.GPTNeoXForCausalLM(config).to(device).train()
 
 
-def plain_loop(cfg):
-    """A step function of a plain PyTorch loop over the HF model on one global batch."""
+def plain_loop(cfg, bf16: bool = False, compiled: bool = False):
+    """A step function of a plain PyTorch loop over the HF model on one global batch (under
+    bf16 autocast with `bf16`, over `torch.compile(model)` with `compiled`)."""
     model = hf_model(cfg)
     device = next(model.parameters()).device
+    forward = torch.compile(model) if compiled else model
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
     params = dict(cfg.optimizer.optimizer_params or {})
     if "betas" in params:
         params["betas"] = tuple(params["betas"])
@@ -127,7 +148,8 @@ def plain_loop(cfg):
 
     def step(batch):
         for (tokens, positions), (labels, mask) in batch:
-            logits = model(tokens.to(device), position_ids=positions.to(device)).logits
+            with autocast:
+                logits = forward(tokens.to(device), position_ids=positions.to(device)).logits
             losses = torch.nn.functional.cross_entropy(
                 logits.float().flatten(0, 1), labels.to(device).flatten(), reduction="none"
             )
@@ -152,6 +174,30 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def contenders(args, parser, precision: str, batches) -> dict:
+    """Step functions by name for one precision, built from the same config."""
+    sets = dict(precision=PRECISIONS[precision])
+    engines = {"pipeline": 1, "plain": 0}
+    steps = {}
+    for engine in args.engines.split(","):
+        if engine not in engines:
+            parser.error(f"--engines: '{engine}' is not one of {', '.join(engines)}")
+        cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine], **sets)
+        steps[f"ours, {engine} engine"] = ours(cfg, batches)
+    if args.compiled:
+        cfg = resolve(args.configs, args.overrides, pipe_parallel_size=0, torch_compile=True,
+                      **sets)  # fmt: skip
+        steps["ours, plain engine, torch_compile"] = ours(cfg, batches)
+    cfg = resolve(args.configs, args.overrides, **sets)
+    steps[EAGER_LOOP] = plain_loop(cfg, bf16=precision == "bf16")
+    if args.compiled:
+        steps[f"{EAGER_LOOP}, torch.compile"] = plain_loop(cfg, precision == "bf16", True)
+    return steps
+
+
+EAGER_LOOP = "plain PyTorch loop, HF GPTNeoXForCausalLM"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("configs", nargs="*", default=["configs/small.yml", "configs/local.yml"])
@@ -159,8 +205,11 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--engines", default="pipeline,plain")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON file to write")
+    parser.add_argument("--precisions", default="fp32,bf16", help="of: fp32, bf16")
+    parser.add_argument("--compiled", action="store_true", help="add the torch.compile'd runs")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="path of the JSON to write")
     args = parser.parse_args(argv)
+    out = Path(args.out).expanduser().resolve()
     os.environ.setdefault("MASTER_PORT", "29517")
 
     cfg = resolve(args.configs, args.overrides)
@@ -168,44 +217,53 @@ def main(argv=None) -> int:
     batches = fixed_batches(cfg, total)
     tokens = args.steps * cfg.training.train_batch_size * cfg.model.seq_length
     flops = training_flops_per_token(shape_from_config(cfg))
-    engines = {"pipeline": 1, "plain": 0}
-    steps = {}
-    for engine in args.engines.split(","):
-        if engine not in engines:
-            parser.error(f"--engines: '{engine}' is not one of {', '.join(engines)}")
-        engine_cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine])
-        steps[f"ours, {engine} engine"] = ours(engine_cfg, batches)
-    steps["plain PyTorch loop, HF GPTNeoXForCausalLM"] = plain_loop(cfg)
-    rows = []
-    for name, seconds in interleaved_seconds(steps, batches, args.warmup).items():
-        rows.append(
-            {
-                "contender": name,
-                "seconds": seconds,
-                "tokens_per_sec": tokens / seconds,
-                "gflops_per_sec": tokens / seconds * flops / 1e9,
-            }
-        )
+    rows, notes = [], []
+    for precision in args.precisions.split(","):
+        if precision not in PRECISIONS:
+            parser.error(f"--precisions: '{precision}' is not one of {', '.join(PRECISIONS)}")
+        if precision == "bf16" and not bf16_supported():
+            notes.append("bf16 skipped: this device has no bf16 kernels")
+            continue
+        steps = contenders(args, parser, precision, batches)
+        seconds = interleaved_seconds(steps, batches, args.warmup)
+        for name, spent in seconds.items():
+            rows.append(
+                {
+                    "precision": precision,
+                    "contender": name,
+                    "seconds": spent,
+                    "tokens_per_sec": tokens / spent,
+                    "gflops_per_sec": tokens / spent * flops / 1e9,
+                    "vs_eager_loop": seconds[EAGER_LOOP] / spent,
+                }
+            )
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
     result = {
+        "command": " ".join(["python", "bench/bench_train.py", *(argv or sys.argv[1:])]),
         "config": args.configs,
         "overrides": args.overrides,
         "device": device or "cpu",
+        "bf16_kernels": bf16_supported(),
         "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         "steps": args.steps,
         "tokens_per_step": cfg.training.train_batch_size * cfg.model.seq_length,
         "model_flops_per_token": flops,
+        "notes": notes,
         "rows": rows,
     }
-    print(f"{'contender':45s} {'tokens/s':>10s} {'GFLOP/s':>9s} {'seconds':>8s}")
+    print(f"{'precision':9s} {'contender':55s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'vs loop':>7s}")
     for r in rows:
         print(
-            f"{r['contender']:45s} {r['tokens_per_sec']:10,.0f} {r['gflops_per_sec']:9.2f} "
-            f"{r['seconds']:8.2f}"
+            f"{r['precision']:9s} {r['contender']:55s} {r['tokens_per_sec']:9,.0f} "
+            f"{r['gflops_per_sec']:8.2f} {r['vs_eager_loop']:7.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    for note in notes:
+        print(note)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0
 
 
