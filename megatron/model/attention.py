@@ -82,8 +82,11 @@ class ParallelSelfAttention(nn.Module):
         """`(s, b, rows/tp)` -> q `(s, b, nq/tp, d)`, k and v `(s, b, nkv/tp, d)`."""
         s, b = qkv.shape[:2]
         grouped = qkv.view(s, b, self.kv_heads, self.q_per_kv + 2, self.head_dim)
-        q = grouped[:, :, :, : self.q_per_kv].reshape(s, b, self.q_heads, self.head_dim)
-        return q, grouped[:, :, :, self.q_per_kv], grouped[:, :, :, self.q_per_kv + 1]
+        # One split (its backward writes the QKV gradient once), not three slices (each of
+        # whose backward zero-fills a QKV-sized gradient that autograd then sums).
+        q, k, v = grouped.split([self.q_per_kv, 1, 1], dim=3)
+        q = q.reshape(s, b, self.q_heads, self.head_dim)
+        return q, k.squeeze(3), v.squeeze(3)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_qkv(self.query_key_value(x))  # full sequence (gathered under SP)
