@@ -182,7 +182,8 @@ def pretrain(cfg) -> TrainResult:
     try:
         _report(cfg, topology, loggers, work, train_iters, state, datasets, notice)
         steps = engine_steps(engine, topology, objective, reference, curriculum)
-        NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
+        stop = StopRequest()  # its flag rides on the non-finite check's all-reduce
+        NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss, stop).install()
         evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
         monitor = TrainMonitor(
@@ -211,7 +212,7 @@ def pretrain(cfg) -> TrainResult:
             loggers=loggers,
             callbacks=callbacks,
             exit_interval=t.exit_interval,
-            stop=StopRequest(),
+            stop=stop,
             facts={**facts, "train_samples": train_samples},
             curriculum=curriculum,
         )

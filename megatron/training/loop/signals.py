@@ -1,4 +1,9 @@
-"""SIGTERM/SIGINT: finish the current iteration, save a checkpoint and exit cleanly."""
+"""SIGTERM/SIGINT: finish the current iteration, save a checkpoint and exit cleanly.
+
+Whether any rank received a signal is agreed over the world after every step. The non-finite
+step check's all-reduce, which every rank runs before each optimizer step, carries the flag
+(`megatron/training/step/nonfinite.py`), so the agreement costs no collective and no host read
+of its own (`docs/performance.md`); without that check it is a host all-reduce of its own."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ class StopRequest:
     def __init__(self):
         self.received: int | None = None
         self._previous = {}
+        self._agreed: bool | None = None  # the world's answer, carried by this step's check
 
     def install(self) -> StopRequest:
         for sig in self.SIGNALS:
@@ -31,6 +37,14 @@ class StopRequest:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def carried(self, agreed: bool) -> None:
+        """The world's answer, agreed by a collective that every rank ran this step."""
+        self._agreed = agreed
+
     def agreed(self) -> bool:
-        """True on every rank when any rank received a signal (collective)."""
+        """True on every rank when any rank received a signal (collective, unless this step's
+        check carried the answer)."""
+        if self._agreed is not None:
+            agreed, self._agreed = self._agreed, None
+            return agreed
         return bool(reduce_host([self.received is not None], world_group(), op="max")[0])

@@ -8,6 +8,8 @@ where DeepSpeed wraps nothing around our optimizer (fp32 without ZeRO, whose Dee
 checks nothing), is the global gradient norm non-finite? Both answers stay on the device, in
 one flag that is all-reduced (MAX) over the whole world on the device, so every rank takes the
 same decision; reading that flag is the step's one host synchronisation (`docs/performance.md`).
+The same all-reduce carries the SIGTERM/SIGINT flag of a `StopRequest` given as `stop`
+(`megatron/training/loop/signals.py`), so agreeing on it costs nothing more.
 
 A bad step is skipped through DeepSpeed's own overflow path: the engine's step runs with our
 optimizer's `step` replaced by a no-op that marks the engine's optimizer as overflowed, so
@@ -52,12 +54,13 @@ class NonFiniteSteps:
 
     `optimizer` is ours (the one given to `deepspeed.initialize`); `local_loss()` returns
     this rank's summed loss of the current global batch so far (None where it has none, e.g.
-    a pipeline stage other than the last).
+    a pipeline stage other than the last). `stop`: a `StopRequest` whose flag rides along.
     """
 
-    def __init__(self, engine, optimizer, topology, local_loss):
+    def __init__(self, engine, optimizer, topology, local_loss, stop=None):
         self.engine, self.optimizer = engine, optimizer
         self.topology, self.local_loss = topology, local_loss
+        self.stop = stop
         self.skipped = 0
 
     def install(self) -> None:
@@ -87,9 +90,16 @@ class NonFiniteSteps:
         return bad
 
     def _bad_anywhere(self) -> bool:
-        """Whether any rank's step is bad: one all-reduce on the device, one read."""
-        flag = all_reduce(self._bad_here().to(torch.int32), world_group(), op="max")
-        return bool(flag)
+        """Whether any rank's step is bad (and, with `stop`, whether any rank received a
+        signal): one all-reduce on the device, one read."""
+        flags = [self._bad_here()]
+        if self.stop is not None:
+            flags.append(torch.tensor(self.stop.received is not None, device=flags[0].device))
+        agreed = all_reduce(torch.stack(flags).to(torch.int32), world_group(), op="max")
+        bad, *stop = agreed.tolist()
+        if self.stop is not None:
+            self.stop.carried(bool(stop[0]))
+        return bool(bad)
 
     def _skip(self, take_step, lr_kwargs) -> None:
         """DeepSpeed's step with our optimizer's update made a no-op marked as an overflow."""

@@ -52,6 +52,7 @@ def _reads_per_step(rank, world_size, folder):
     from megatron.data import build_tokenizer
     from megatron.launcher.worker import initialize_distributed
     from megatron.parallel.random import seed_everything
+    from megatron.training.loop.signals import StopRequest
     from megatron.training.setup.batches import BatchSettings
     from megatron.training.setup.data import BatchFactory, build_datasets
     from megatron.training.setup.engine import build_engine
@@ -67,26 +68,33 @@ def _reads_per_step(rank, world_size, folder):
         seed_everything(cfg.training.seed)
         parts = build_engine(cfg, topology, 5)
         steps = engine_steps(parts.engine, topology)
-        NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
+        stop = StopRequest()  # not installed: the test sets what a signal would
+        NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss, stop).install()
         batch = BatchSettings.from_config(cfg, build_tokenizer(cfg).eod)
         device = parts.engine.device
         batches = BatchFactory(cfg, topology, batch, device)(build_datasets(cfg, 5)[0], 0)
         steps.train(batches)  # the first step builds what later steps reuse
         state = parts.optimizer.state.values()
         counters = [s["step"] for s in state if torch.is_tensor(s.get("step"))]
+        losses, agreed = [], []
         with HostReads(exempt=counters) as reads:
-            losses = [steps.train(batches) for _ in range(3)]
-        out[pp] = (reads.count / 3, [float(loss) for loss in losses], steps.step_applied)
+            for signal in (None, None, 15):
+                stop.received = signal
+                losses.append(steps.train(batches))
+                agreed.append(stop.agreed())  # as the loop asks after each step
+        out[pp] = (reads.count / 3, [float(loss) for loss in losses], agreed, steps.step_applied)
     return out
 
 
 def test_a_train_step_reads_one_value_on_both_engines(tmp_path):
     """The non-finite step check's flag (loss and gradient norm together, agreed on the
-    device over the world) is the one read; the loss stays on the device."""
+    device over the world, with the SIGTERM/SIGINT flag riding along) is the one read; the
+    loss stays on the device, and the loop's stop question is answered without a read."""
     result = run_distributed(_reads_per_step, 1, str(tmp_path))[0]
-    for pp, (reads, losses, applied) in result.items():
+    for pp, (reads, losses, agreed, applied) in result.items():
         assert reads == 1, f"pipe_parallel_size {pp}: {reads} host reads per step"
         assert all(0 < loss < 20 for loss in losses) and applied
+        assert agreed == [False, False, True]
 
 
 class _Steps:
