@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -74,10 +75,10 @@ def bf16_supported() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, float]:
-    """Seconds each step function spends on the timed batches. The contenders take turns,
+def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, list[float]]:
+    """Seconds each step function spends on each timed batch. The contenders take turns,
     one global batch each, so a machine whose load changes during the run slows them alike."""
-    seconds = dict.fromkeys(steps, 0.0)
+    seconds = {name: [] for name in steps}
     for i, batch in enumerate(batches):
         for name, step in steps.items():
             start = time.perf_counter()
@@ -85,7 +86,7 @@ def interleaved_seconds(steps: dict, batches, warmup: int) -> dict[str, float]:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             if i >= warmup:
-                seconds[name] += time.perf_counter() - start
+                seconds[name].append(time.perf_counter() - start)
     return seconds
 
 
@@ -225,16 +226,21 @@ def main(argv=None) -> int:
             notes.append("bf16 skipped: this device has no bf16 kernels")
             continue
         steps = contenders(args, parser, precision, batches)
-        seconds = interleaved_seconds(steps, batches, args.warmup)
-        for name, spent in seconds.items():
+        per_step = interleaved_seconds(steps, batches, args.warmup)
+        loop_total, loop_median = sum(per_step[EAGER_LOOP]), statistics.median(per_step[EAGER_LOOP])
+        for name, times in per_step.items():
+            spent = sum(times)
             rows.append(
                 {
                     "precision": precision,
                     "contender": name,
                     "seconds": spent,
+                    "step_seconds": times,
                     "tokens_per_sec": tokens / spent,
                     "gflops_per_sec": tokens / spent * flops / 1e9,
-                    "vs_eager_loop": seconds[EAGER_LOOP] / spent,
+                    "vs_eager_loop": loop_total / spent,
+                    # the median step resists the load spikes of a shared machine
+                    "vs_eager_loop_median_step": loop_median / statistics.median(times),
                 }
             )
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu_name()
@@ -253,11 +259,14 @@ def main(argv=None) -> int:
         "notes": notes,
         "rows": rows,
     }
-    print(f"{'precision':9s} {'contender':55s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'vs loop':>7s}")
+    print(
+        f"{'precision':9s} {'contender':50s} {'tokens/s':>9s} {'GFLOP/s':>8s} vs loop: total median"
+    )
     for r in rows:
         print(
-            f"{r['precision']:9s} {r['contender']:55s} {r['tokens_per_sec']:9,.0f} "
-            f"{r['gflops_per_sec']:8.2f} {r['vs_eager_loop']:7.2f}"
+            f"{r['precision']:9s} {r['contender']:50s} {r['tokens_per_sec']:9,.0f} "
+            f"{r['gflops_per_sec']:8.2f} {r['vs_eager_loop']:14.2f} "
+            f"{r['vs_eager_loop_median_step']:6.2f}"
         )
     for note in notes:
         print(note)
