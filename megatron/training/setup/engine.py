@@ -6,6 +6,10 @@ section of the exported DeepSpeed config is dropped. The pipeline engine gets a
 the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
 (`model.py`). After `deepspeed.initialize`: fp16 loss scaling as configured
 (`fp16_scaler.py`), and a check that an optimizer which needs whole parameters got them.
+With one data-parallel replica and no ZeRO, DeepSpeed's gradient "all-reduce" is switched off
+(`skip_single_replica_reduction`): it would flatten every gradient into one buffer, reduce it
+over a group of one, scale it by 1/1 and copy it back, four passes over all gradients per step
+that change nothing.
 """
 
 from __future__ import annotations
@@ -70,10 +74,19 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
     if isinstance(optimizer, OneBitAdam | Distro):  # they replace the gradient all-reduce
         optimizer.attach_engine(engine, topology.dp_group)
+    else:
+        skip_single_replica_reduction(engine, topology)
     install_loss_scaler(engine)
     install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)
+
+
+def skip_single_replica_reduction(engine, topology) -> None:
+    """No data-parallel gradient reduction where there is one replica and no ZeRO: the
+    reduction would be the identity (DeepSpeed's data-parallel group is ours, of size 1)."""
+    if topology.dp_size == 1 and engine.zero_optimization_stage() == 0:
+        engine.buffered_allreduce_fallback = lambda *args, **kwargs: None
 
 
 def use_global_norm_clipping(engine, topology) -> None:

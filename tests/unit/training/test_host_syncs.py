@@ -6,11 +6,14 @@ more than it must stalls the device as often. These tests count the reads (every
 through `aten::_local_scalar_dense`, or `Tensor.tolist`) while the real trainer steps, on both
 DeepSpeed engines at fp32 (the path where our own guard computes the gradient norm), and while
 the training loop logs every few steps: a step that does not log adds none
-(`docs/performance.md` lists what each step reads and why).
+(`docs/performance.md` lists what each step reads and why). With one data-parallel replica
+the steps also copy no gradient into a flat buffer (DeepSpeed's all-reduce over a group of one,
+the identity, is switched off).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -48,6 +51,20 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class FlatGradients(TorchDispatchMode):
+    """Counts the concatenations of at least `numel` elements (a flattened gradient bucket)."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.count = numel, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.cat.default and out.numel() >= self.numel:
+            self.count += 1
+        return out
+
+
 def _reads_per_step(rank, world_size, folder):
     from megatron.data import build_tokenizer
     from megatron.launcher.worker import initialize_distributed
@@ -77,21 +94,33 @@ def _reads_per_step(rank, world_size, folder):
         state = parts.optimizer.state.values()
         counters = [s["step"] for s in state if torch.is_tensor(s.get("step"))]
         losses, agreed = [], []
-        with HostReads(exempt=counters) as reads:
+        weights = sum(p.numel() for p in parts.engine.module.parameters())
+        with FlatGradients(weights // 2) as flat, HostReads(exempt=counters) as reads:
             for signal in (None, None, 15):
                 stop.received = signal
                 losses.append(steps.train(batches))
                 agreed.append(stop.agreed())  # as the loop asks after each step
         out[pp] = (reads.count / 3, [float(loss) for loss in losses], agreed, steps.step_applied)
+        out[pp] += (flat.count,)
     return out
 
 
-def test_a_train_step_reads_one_value_on_both_engines(tmp_path):
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    """Three steps on each engine (one rank), counted."""
+    return run_distributed(_reads_per_step, 1, str(tmp_path_factory.mktemp("steps")))[0]
+
+
+def test_one_replica_flattens_no_gradients(stepped):
+    for pp, result in stepped.items():
+        assert result[-1] == 0, f"pipe_parallel_size {pp}: gradients flattened {result[-1]}x"
+
+
+def test_a_train_step_reads_one_value_on_both_engines(stepped):
     """The non-finite step check's flag (loss and gradient norm together, agreed on the
     device over the world, with the SIGTERM/SIGINT flag riding along) is the one read; the
     loss stays on the device, and the loop's stop question is answered without a read."""
-    result = run_distributed(_reads_per_step, 1, str(tmp_path))[0]
-    for pp, (reads, losses, agreed, applied) in result.items():
+    for pp, (reads, losses, agreed, applied, _) in stepped.items():
         assert reads == 1, f"pipe_parallel_size {pp}: {reads} host reads per step"
         assert all(0 < loss < 20 for loss in losses) and applied
         assert agreed == [False, False, True]
