@@ -62,6 +62,7 @@ from megatron.training.checkpoint.neox_files import (
     sequential_module_names,
 )
 from megatron.training.optim.distro import load_rank_state, save_rank_state
+from megatron.training.step.fp16_scaler import keep_configured_scaler
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +294,8 @@ class CheckpointIO:
             raise refusal(Path(load_dir) / tag, err) from err
         if on and self.engine.zero_optimization_partition_weights():
             _fix_zero3_universal_load(self.engine, Path(load_dir) / tag)
+        if load_optim and not module_only:
+            keep_configured_scaler(self.engine)
         return path
 
     @staticmethod

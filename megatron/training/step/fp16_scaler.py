@@ -24,6 +24,9 @@ Which DeepSpeed 0.19.8 wrapper scales the loss of our optimizers (never FusedAda
   skipped-step limit (`max_consecutive_skipped_steps`) stops a run that keeps overflowing,
   with an explanation.
 
+A resumed ZeRO run gets the same rule back after DeepSpeed's load put the checkpoint's pickled
+scaler in its place (`keep_configured_scaler`), with the loaded scale and counters.
+
 On the ZeRO-0 path the model's `loss_fn` also scales the gradient flowing back from each
 loss by the current scale (what `FP16_UnfusedOptimizer.backward` would do), a clean step's
 scale update waits until the step has unscaled with the scale it used, and the recorded
@@ -67,6 +70,31 @@ def install_loss_scaler(engine):
             "min_loss_scale would not be applied as configured)"
         )
     return scaler
+
+
+LOADED_COUNTERS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+"""What a resumed run takes from a checkpoint's loss scaler; the rules stay the config's."""
+
+
+def keep_configured_scaler(engine) -> None:
+    """After a checkpoint load: the ZeRO optimizers' `load_state_dict` replaces their loss
+    scaler with the one pickled in the checkpoint, built by the run that saved it (GPT-NeoX's
+    raises at the minimum scale; an earlier run of ours may have had another window,
+    hysteresis or minimum). Put the scaler of this run's config back, carrying the loaded
+    scale and counters (`LOADED_COUNTERS`)."""
+    optimizer = engine.optimizer
+    if not (engine.fp16_enabled() and engine.dynamic_loss_scale()):
+        return
+    if hasattr(optimizer, "loss_scale_config"):  # ZeRO 0: UnfusedScaling loads into its own
+        return
+    loaded = getattr(optimizer, "loss_scaler", None)
+    if loaded is None:
+        return
+    scaler = build_loss_scaler(engine.dynamic_loss_scale_args())
+    for name in LOADED_COUNTERS:
+        if hasattr(loaded, name):
+            setattr(scaler, name, getattr(loaded, name))
+    optimizer.loss_scaler = scaler
 
 
 class UnfusedScaling:

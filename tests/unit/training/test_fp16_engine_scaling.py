@@ -110,6 +110,33 @@ def _batches(n):
     return iter([batch] * n)
 
 
+def _resume_from_a_neox_scaler(engine, folder, layout):
+    """Save with GPT-NeoX's scaler (raises at the minimum, window 1000, hysteresis 2) holding
+    this run's counters; load it as a resume does (`CheckpointIO._engine_load`)."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+
+    mine = engine.optimizer.loss_scaler
+    neox = DynamicLossScaler(init_scale=mine.cur_scale, scale_window=1000, min_scale=1,
+                             delayed_shift=2, consecutive_hysteresis=False,
+                             raise_error_at_min_scale=True, dtype=torch.half)  # fmt: skip
+    neox.cur_iter, neox.last_overflow_iter = mine.cur_iter, mine.last_overflow_iter
+    neox.cur_hysteresis = mine.cur_hysteresis
+    engine.optimizer.loss_scaler = neox
+    engine.save_checkpoint(str(folder / "neox"), tag="step")
+    again, _ = _engine(folder / "neox_again", layout)
+    io = CheckpointIO(again, save_dir=None)
+    io._engine_load(str(folder / "neox"), "step", load_optim=True, module_only=False)
+    got = again.optimizer.loss_scaler
+    return {name: getattr(got, name) for name in (
+        "cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis", "scale_window",
+        "min_scale", "delayed_shift", "raise_error_at_min_scale")} | {
+        "counters": (neox.cur_scale, neox.cur_iter, neox.last_overflow_iter, neox.cur_hysteresis)
+    }  # fmt: skip
+
+
 def _scaling_of_every_engine(rank, world_size, folder):
     from megatron.training.step.fp16_scaler import HYSTERESIS_STATE_KEY
     from megatron.training.step.steps import engine_steps
@@ -131,6 +158,8 @@ def _scaling_of_every_engine(rank, world_size, folder):
             again.load_checkpoint(str(folder / "ckpt"))
             out[layout]["resumed"] = (float(again.optimizer.loss_scale),
                                       again.optimizer.loss_scaler.cur_hysteresis)  # fmt: skip
+        if layout == "plain_zero1":  # a checkpoint whose scaler GPT-NeoX built
+            out[layout]["neox_resume"] = _resume_from_a_neox_scaler(engine, folder, layout)
         # On a fresh engine, a real step at a scale no fp16 gradient survives overflows only
         # if the loss is scaled in backward; then one that fits, its gradient norm unscaled.
         engine, topology = _engine(folder / f"{layout}_train", layout)
@@ -156,6 +185,17 @@ def test_every_fp16_engine_follows_the_configured_dynamic_loss_scaling(tmp_path)
     zero0 = results["plain_zero0"]
     assert zero0["hysteresis_saved"] == zero0["left"] == 1  # checkpointed with the optimizer
     assert zero0["resumed"] == (expected[-1], zero0["left"])
+    # A resumed ZeRO run keeps the checkpoint's scale and counters and this config's rule
+    neox = results["plain_zero1"]["neox_resume"]
+    counters = (neox["cur_scale"], neox["cur_iter"], neox["last_overflow_iter"],
+                neox["cur_hysteresis"])  # fmt: skip
+    assert counters == neox["counters"] and neox["cur_scale"] == expected[-1]
+    assert (neox["scale_window"], neox["min_scale"], neox["delayed_shift"]) == (
+        FP16["loss_scale_window"],
+        FP16["min_loss_scale"],
+        FP16["hysteresis"],
+    )
+    assert neox["raise_error_at_min_scale"] is False
     for layout in ("pipeline_zero0", "plain_zero1", "plain_zero3"):  # the same step
         assert results[layout]["loss"] == pytest.approx(zero0["loss"], rel=1e-3)
         assert results[layout]["norm"] == pytest.approx(zero0["norm"], rel=2e-2)
