@@ -166,7 +166,6 @@ def _pending(issue, advice, *defaults, gate=None):
 
 
 _MOE = "a key of DeepSpeed's MoE layer (moe_type: deepspeed), which is not built"
-_DPO = "DPO/KTO/reward-model training is not implemented here yet"
 _TE = "TransformerEngine layers are not built here"
 _MUP = "muP parametrisation is not implemented here"
 _OURS_FP32 = "the output cross entropy is always computed in fp32 here"
