@@ -112,16 +112,16 @@ def train_one(cfg, counter: ByteCounter) -> dict:
 
     def counted_steps(*args, **kwargs):
         steps = real_steps(*args, **kwargs)
-        train_step = steps.train_step
+        train = steps.train  # the loop's train step (train_step reads its loss on the host)
 
-        def counted_train_step(batches):
+        def counted_train(batches):
             counter.on = True
             try:
-                return train_step(batches)
+                return train(batches)
             finally:
                 counter.on = False
 
-        steps.train_step = counted_train_step
+        steps.train = counted_train
         return steps
 
     pretrain_module.engine_steps = counted_steps

@@ -27,7 +27,8 @@ def test_out_is_the_file_written(tmp_path):
             "num_attention_heads=4", "seq_length=32", "max_position_embeddings=32",
             "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=1"]  # fmt: skip
     command = [sys.executable, "bench/bench_train.py", "configs/small.yml", "--steps", "1",
-               "--warmup", "0", "--engines", "plain", "--out", str(out)]  # fmt: skip
+               "--warmup", "0", "--engines", "plain", "--precisions", "fp32",
+               "--out", str(out)]  # fmt: skip
     command += [arg for s in sets for arg in ("--set", s)]
     env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -35,7 +36,7 @@ def test_out_is_the_file_written(tmp_path):
     assert f"wrote {out}" in run.stdout
     result = json.loads(out.read_text())
     assert result["tokens_per_step"] == 2 * 32 and result["steps"] == 1
-    assert [r["contender"] for r in result["rows"]] == [
-        "ours, plain engine",
-        "plain PyTorch loop, HF GPTNeoXForCausalLM",
+    assert [(r["precision"], r["contender"]) for r in result["rows"]] == [
+        ("fp32", "ours, plain engine"),
+        ("fp32", "plain PyTorch loop, HF GPTNeoXForCausalLM"),
     ]

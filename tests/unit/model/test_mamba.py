@@ -154,13 +154,12 @@ def test_forward_flops_are_the_matmuls_torch_counts():
     # torch's FLOP counter over the built model: its `mm` ops are the four projections and the
     # head; the convolution and the scan's per-step products (bmm) are element-wise work the
     # model-FLOPs definition leaves out (megatron/training/metrics/flops.py).
-    from torch.utils.flop_counter import FlopCounterMode
-
     from megatron.training.metrics.flops import ModelShape, forward_flops_per_token
+    from tests.flop_counter import flop_counter
 
     args = mamba_args(intermediate_size=96)
     model = build_gpt(args)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with flop_counter() as counter, torch.no_grad():
         model(tokens(), torch.arange(SEQ).expand(BATCH, SEQ))
     counted = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
     assert forward_flops_per_token(ModelShape.from_args(args)) * BATCH * SEQ == counted["aten.mm"]

@@ -10,7 +10,6 @@ import re
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import build_gpt
 from megatron.model.counting import active_parameters, count_model_parameters, count_parameters
@@ -23,6 +22,7 @@ from megatron.model.moe_router import (
     sinkhorn,
 )
 from megatron.training.metrics.flops import ModelShape, training_flops_per_token
+from tests.flop_counter import flop_counter
 from tests.unit.model.tiny import SEQ, neox_args
 
 E, K, H = 4, 2, 32
@@ -296,7 +296,7 @@ def test_active_parameters_and_flops_count_k_experts_and_the_router(overrides):
     assert active_parameters(args) == total - 2 * (E - K) * one_expert  # 2 MoE layers of 4
     tokens = torch.randint(0, 128, (1, SEQ))
     positions = torch.arange(SEQ)[None]
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         model.loss_fn(model(tokens, positions), (tokens, torch.ones(1, SEQ))).backward()
     counted = counter.get_total_flops() / SEQ
     assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-6)

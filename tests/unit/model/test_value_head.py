@@ -13,10 +13,10 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import build_gpt, count_parameters, layer_index
 from megatron.training.metrics.flops import ModelShape, training_flops_per_token
+from tests.flop_counter import flop_counter
 from tests.unit.model.tiny import SEQ, llama_args, neox_args
 
 ARGS = {"neox_tied": neox_args, "llama_untied": llama_args}
@@ -56,7 +56,7 @@ def test_training_flops_match_the_flop_counter():
     with torch.device("meta"):
         model = build_gpt(args)
         tokens = torch.zeros(1, SEQ, dtype=torch.long)
-        with FlopCounterMode(display=False) as counter:
+        with flop_counter() as counter:
             model(tokens, torch.arange(SEQ)[None]).sum().backward()
     counted = counter.get_total_flops() / SEQ
     assert counted == pytest.approx(training_flops_per_token(ModelShape.from_args(args)))

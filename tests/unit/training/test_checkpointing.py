@@ -122,6 +122,9 @@ class FakeEngine:
         self.loaded = None
         self.optimizer = None  # no per-rank optimizer state (Distro's) to save
 
+    def fp16_enabled(self):  # fp32: no loss scaler to restore after a load
+        return False
+
     def save_checkpoint(self, save_dir, tag, save_latest=True, client_state=None):
         assert save_latest is False  # our `latest` is the one that counts
         self.client_state = client_state

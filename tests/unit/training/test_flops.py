@@ -1,6 +1,7 @@
 """FLOPs per token against torch's FLOP counter on the models really built; MFU arithmetic.
 
-The reference is `torch.utils.flop_counter.FlopCounterMode` over forward + backward of:
+The reference is `torch.utils.flop_counter.FlopCounterMode` (`tests/flop_counter.py`: with the CPU
+attention kernel counted) over forward + backward of:
 our model built from a resolved config (shipped GPT-NeoX, Llama and Llama-7B configs, on the
 meta device so the 7B shape costs nothing), the Hugging Face model our export builds, and
 the `transformers` Llama a Hugging Face import starts from. The counted figure must be within
@@ -24,7 +25,6 @@ import dataclasses
 import pytest
 import torch
 import transformers
-from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.checkpoint_tools.hf_export import hf_config_object
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS, model_keys_from_hf
@@ -40,6 +40,7 @@ from megatron.training.metrics.flops import (
     training_flops_per_token,
 )
 from tests.distributed import run_distributed
+from tests.flop_counter import flop_counter
 
 # One process, no recomputation: model FLOPs count no recompute (see flops.py), and torch
 # would count DeepSpeed's recomputed forward.
@@ -53,7 +54,7 @@ def _counted_ours(args: ModelArgs, seq: int) -> float:
         model = build_gpt(args)
         tokens = torch.zeros(1, seq, dtype=torch.long)
         positions = torch.arange(seq).expand(1, seq)
-        with FlopCounterMode(display=False) as counter:
+        with flop_counter() as counter:
             logits = model(tokens, positions)
             model.loss_fn(logits, (tokens, torch.ones(1, seq))).backward()
     return counter.get_total_flops() / seq
@@ -61,7 +62,7 @@ def _counted_ours(args: ModelArgs, seq: int) -> float:
 
 def _counted_hf(model: torch.nn.Module, seq: int) -> float:
     tokens = torch.zeros(1, seq, dtype=torch.long, device="meta")
-    with FlopCounterMode(display=False) as counter:
+    with flop_counter() as counter:
         model(input_ids=tokens).logits.float().sum().backward()
     return counter.get_total_flops() / seq
 
@@ -229,7 +230,7 @@ def _one_step_counted(rank, world_size, runs):
         if kind == "dpo":  # the reward model reads its reward at the last labelled token
             samples = [{**sample, "neg_label": sample["pos_label"]} for sample in samples]
         batches = ModelBatches(iter(samples), BatchSettings(), None, goal)
-        with FlopCounterMode(display=False) as counter:
+        with flop_counter() as counter:
             steps.train_step(batches)
         work = step_work(cfg, goal)
         results.append((counter.get_total_flops(), work.flops, work.tokens))
