@@ -8,6 +8,11 @@ from megatron.errors import run_worker
 def main(argv: list[str] | None = None) -> None:
     setup_worker_logging(argv)
     cfg = config_from_argv(argv)
+    if cfg.mup.save_base_shapes:  # GPT-NeoX's step before a muP run: write them, do not train
+        from megatron.model.mup import save_base_shapes
+
+        save_base_shapes(cfg)
+        return
     from megatron.training import pretrain
 
     pretrain(cfg)

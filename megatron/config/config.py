@@ -20,6 +20,7 @@ from megatron.config.groups.logging import LoggingConfig
 from megatron.config.groups.lr import LRConfig
 from megatron.config.groups.model import ModelConfig
 from megatron.config.groups.moe import MoEConfig
+from megatron.config.groups.mup import MuPConfig
 from megatron.config.groups.optimizer import OptimizerConfig
 from megatron.config.groups.parallel import ParallelConfig
 from megatron.config.groups.post_training import PostTrainingConfig
@@ -31,6 +32,7 @@ from megatron.config.neox.keys import RENAMED
 GROUPS: dict[str, type] = {
     "model": ModelConfig,
     "moe": MoEConfig,
+    "mup": MuPConfig,
     "parallel": ParallelConfig,
     "optimizer": OptimizerConfig,
     "lr": LRConfig,
@@ -68,6 +70,7 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    mup: MuPConfig = field(default_factory=MuPConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr: LRConfig = field(default_factory=LRConfig)

@@ -11,6 +11,7 @@ import dataclasses
 
 from megatron.config.config import Config
 from megatron.config.groups.lr import decay_and_warmup_iters
+from megatron.config.groups.mup import read_base_shapes
 from megatron.config.groups.optimizer import (
     NEOX_DEFAULT_LR,
     NEOX_DEFAULT_OPTIMIZER,
@@ -292,6 +293,7 @@ def derive(
         optimizer=derive_optimizer(cfg, sources, warn, training),
         generation=derive_generation(cfg),
     )
+    mup = dataclasses.replace(cfg.mup, mup_base_shapes=read_base_shapes(cfg.mup, sources, warn))
     return dataclasses.replace(
-        cfg, lr=derive_lr(cfg, sources), model=derive_model(cfg, sources, vocab_size)
+        cfg, lr=derive_lr(cfg, sources), model=derive_model(cfg, sources, vocab_size), mup=mup
     )

@@ -22,6 +22,7 @@ import difflib
 
 from megatron.config.groups.model import ModelConfig
 from megatron.config.groups.moe import MoEConfig
+from megatron.config.groups.mup import MUP_MODEL_KEYS, MuPConfig
 from megatron.config.groups.parallel import ParallelConfig
 from megatron.config.groups.training import TrainingConfig
 from megatron.config.schema import field_types
@@ -41,6 +42,7 @@ OTHER_GROUPS = {
     ),
     "training": (TrainingConfig, ("seed",)),
     "moe": (MoEConfig, tuple(f.name for f in dataclasses.fields(MoEConfig))),
+    "mup": (MuPConfig, MUP_MODEL_KEYS),
 }
 # Keys that are null in a config until set, and without which no model can be built.
 REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")

@@ -82,7 +82,12 @@ class AttentionBackend(nn.Module):
         super().__init__()
         self.tp_group = tp_group
         self.dropout_p = args.attention_dropout
-        self.scale = 1.0 / math.sqrt(args.head_dim)
+        # muP divides by the head width (GPT-NeoX's `norm_factor`), times its temperature.
+        self.scale = (
+            1.0 / (args.head_dim * args.mup_attn_temp)
+            if args.use_mup
+            else 1.0 / math.sqrt(args.head_dim)
+        )
         # Megatron's query-key layer scaling: divide by the layer number before the (fp32)
         # softmax and multiply back inside it; a no-op in exact arithmetic, it keeps fp16
         # scores of deep layers in range.

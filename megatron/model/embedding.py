@@ -47,6 +47,8 @@ class WordEmbeddingPipe(nn.Module):
         self.word_embeddings = VocabParallelEmbedding(
             args.vocab_size, args.hidden_size, tp_group=tp_group, init_method=input_init(args)
         )
+        # muP's readout multiplier of the tied head (`megatron/model/mup.py::apply_mup`).
+        self.mup_readout_mult: float | None = None
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
         tokens, position_ids = inputs  # (b, s) each
@@ -58,6 +60,8 @@ class WordEmbeddingPipe(nn.Module):
             hidden = gather_from_sequence_parallel_region(hidden, self.tp_group)  # (s, b, h)
         else:
             hidden = copy_to_tensor_parallel_region(hidden, self.tp_group)
+        if self.mup_readout_mult is not None:
+            hidden = hidden * self.mup_readout_mult
         # Project from (b, s, h): the logits come out in (b, s, V/tp) without copying them.
         return F.linear(hidden.transpose(0, 1), self.word_embeddings.weight)  # (b, s, V/tp)
 
@@ -76,13 +80,22 @@ class EmbeddingPipe(WordEmbeddingPipe):
         # `position_embeddings` holds the learned table (its weight is
         # `position_embeddings.weight`); None for rotary/alibi/none.
         self.position_embeddings = build_input_positions(args)
+        # muP's multipliers (GPT-NeoX's places: positions before the sum, all after dropout)
+        self.mup_mults = (
+            (args.mup_rp_embedding_mult, args.mup_embedding_mult) if args.use_mup else None
+        )
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
         embeddings, position_ids = super().forward(inputs)  # (b, s, h), (b, s)
         if self.position_embeddings is not None:
-            embeddings = embeddings + self.position_embeddings(position_ids).to(embeddings.dtype)
+            positions = self.position_embeddings(position_ids).to(embeddings.dtype)
+            if self.mup_mults is not None:
+                positions = positions * self.mup_mults[0]
+            embeddings = embeddings + positions
         if self.training and self.hidden_dropout > 0:
             embeddings = F.dropout(embeddings, self.hidden_dropout, training=True)
+        if self.mup_mults is not None:
+            embeddings = embeddings * self.mup_mults[1]
         return embeddings, position_ids
 
 

@@ -34,6 +34,7 @@ from megatron.config.ds_export import PIPELINE_SP_SECTION
 from megatron.config.verbosity import quiet_deepspeed
 from megatron.model.args import ModelArgs
 from megatron.model.loss import bound_loss_fn
+from megatron.model.mup import apply_mup
 from megatron.model.specs import TRANSFORMER_LAYER_NAMES, gpt_layer_specs
 from megatron.parallel import register_sequence_parallel_grad_hooks
 from megatron.parallel.comm import group_size
@@ -189,6 +190,8 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     else:
         model = GPTModel(specs, loss_fn=loss_fn, checkpoint_num_layers=interval)
     model.args = args
+    if args.use_mup:
+        apply_mup(model, args)
     if group_size(tp_group) > 1:
         model.sequence_parallel_grad_hooks = register_sequence_parallel_grad_hooks(model, tp_group)
     return model

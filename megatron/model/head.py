@@ -52,8 +52,12 @@ class OutputHeadPipe(nn.Module):
             init_method=input_init(args),
             sequence_parallel=args.sequence_parallel,
         )
+        # muP's readout multiplier (`megatron/model/mup.py::apply_mup`).
+        self.mup_readout_mult: float | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.mup_readout_mult is not None:
+            hidden = hidden * self.mup_readout_mult
         if self.final_linear.sequence_parallel:
             logits = self.final_linear(hidden)  # (s, b, V/tp); gathers the sequence first
             return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from megatron.config.groups.moe import MoEConfig
+from megatron.config.groups.mup import MUP_MODEL_KEYS
 from megatron.model.args import ModelArgs, choose
 from megatron.model.mlp import mlp_inner_size
 
@@ -131,6 +132,9 @@ QKV_BIAS_RULE = Rule(
 NO_MOE = only("moe_num_experts", 1, "the class has dense MLPs only (no mixture of experts)")
 # The other MoE keys change nothing while moe_num_experts is 1, which NO_MOE requires.
 MOE_DEPENDENT = frozenset(f.name for f in dataclasses.fields(MoEConfig)) - {"moe_num_experts"}
+NO_MUP = only("use_mup", False, "the class computes the standard parametrisation (no muP scales)")
+# The other muP keys change nothing while use_mup is false, which NO_MUP requires.
+MUP_DEPENDENT = frozenset(MUP_MODEL_KEYS) - {"use_mup"}
 # Read only by `pos_emb: rpe` and gmlp/amlp layers, which every class's rules refuse
 # (pos_emb rotary, ATTENTION_RULE): they change nothing in a model that can be exported.
 RPE_GMLP_DEPENDENT = frozenset({"rpe_num_buckets", "rpe_max_distance", "gmlp_attn_dim"})
@@ -184,6 +188,7 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
             sliding_window_width=NO_WINDOW,
             use_bias_in_qkv=QKV_BIAS_RULE,
             moe_num_experts=NO_MOE,
+            use_mup=NO_MUP,
         ),
         free=frozenset(
             {
@@ -216,6 +221,7 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
             sliding_window_width=NO_WINDOW,
             use_bias_in_qkv=QKV_BIAS_RULE,
             moe_num_experts=NO_MOE,
+            use_mup=NO_MUP,
         ),
         free=frozenset(
             {
@@ -242,6 +248,7 @@ HF_CONFIGS: dict[str, HFConfigSpec] = {
 def unclassified(spec: HFConfigSpec, args_type: type = ModelArgs) -> list[str]:
     """`ModelArgs` fields the spec says nothing about (each must be classified)."""
     known = NEUTRAL | CARRIED | MOE_DEPENDENT | MAMBA_LAYER_OPTIONS | RPE_GMLP_DEPENDENT
+    known |= MUP_DEPENDENT
     known |= spec.free | set(spec.rules)
     return [f.name for f in dataclasses.fields(args_type) if f.name not in known]
 

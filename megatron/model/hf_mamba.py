@@ -15,7 +15,7 @@ Registered into `HF_CONFIGS`/`HF_ARCHITECTURES` when `megatron.model` is importe
 from __future__ import annotations
 
 from megatron.model.args import ModelArgs
-from megatron.model.hf_config import HF_CONFIGS, HFConfigSpec, Rule, only
+from megatron.model.hf_config import HF_CONFIGS, NO_MUP, HFConfigSpec, Rule, only
 from megatron.model.hf_names import HF_ARCHITECTURES, HFArchitecture
 from megatron.model.mamba import mamba_dt_rank, mamba_inner_size
 
@@ -60,6 +60,7 @@ def mamba_rules() -> dict[str, Rule]:
             "mamba_use_bias_in_linears", False, "the class never biases x_proj"
         ),
         moe_num_experts=only("moe_num_experts", 1, "the class has no experts"),
+        use_mup=NO_MUP,
         value_head=only("value_head", False, "reward models are exported as Llama-like only"),
     )
 

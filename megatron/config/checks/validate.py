@@ -14,6 +14,7 @@ from megatron.config.groups.checkpointing import parse_checkpoint_keep
 from megatron.config.groups.logging import validate_profiling
 from megatron.config.groups.lr import check_cycle_keys
 from megatron.config.groups.moe import validate_moe
+from megatron.config.groups.mup import validate_mup
 from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.config.groups.parallel import validate_hpz
 from megatron.config.groups.post_training import validate_post_training
@@ -201,6 +202,7 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_torch_compile(cfg, sources)
     validate_profiling(cfg, sources)
     validate_moe(cfg)
+    validate_mup(cfg, sources)
     validate_curriculum(cfg, sources)  # before post_training: names the curriculum
     validate_rwkv(cfg, sources)
     validate_post_training(cfg, sources)

@@ -112,7 +112,6 @@ def _uses(*types: str) -> Callable[[Any], bool]:
 
 GATES: dict[str, Gate] = {
     "moe": Gate(("moe_num_experts",), lambda v: v not in (None, 1), "moe_num_experts > 1"),
-    "mup": Gate(("use_mup",), bool, "use_mup: true"),
     "dpo": Gate(("train_impl",), lambda v: v == "dpo", "train_impl: dpo"),
     "kto": Gate(("train_impl",), lambda v: v == "kto", "train_impl: kto"),
     "reinforce": Gate(("train_impl",), lambda v: v == "reinforce", "train_impl: reinforce"),
@@ -167,7 +166,6 @@ def _pending(issue, advice, *defaults, gate=None):
 
 _MOE = "a key of DeepSpeed's MoE layer (moe_type: deepspeed), which is not built"
 _TE = "TransformerEngine layers are not built here"
-_MUP = "muP parametrisation is not implemented here"
 _OURS_FP32 = "the output cross entropy is always computed in fp32 here"
 _FP16 = "top-level loss-scaling keys are not read: set fp16.loss_scale, fp16.hysteresis, ..."
 _LOG = "a logging/profiling back end this trainer does not have"
@@ -239,17 +237,6 @@ NEOX_KEYS: dict[str, NeoxKey] = {
         "each step (logged here as train/curriculum_seqlen)",
         0,
     ),
-    "use_mup": _refused(_MUP, False),
-    # GPT-NeoX runs these muP diagnostics instead of training, whatever use_mup says.
-    "coord_check": _refused(_MUP, False),
-    "save_base_shapes": _refused(_MUP, False),
-    "base_shapes_file": _refused(_MUP, None, gate="mup"),
-    "mup_init_scale": _refused(_MUP, 1.0, gate="mup"),
-    "mup_attn_temp": _refused(_MUP, 1.0, gate="mup"),
-    "mup_output_temp": _refused(_MUP, 1.0, gate="mup"),
-    "mup_embedding_mult": _refused(_MUP, 1.0, gate="mup"),
-    "mup_rp_embedding_mult": _refused(_MUP, 1.0, gate="mup"),
-    "mup_width_scale": _refused(_MUP, 2, gate="mup"),
     "hysteresis": _refused(_FP16, 2),
     "loss_scale": _refused(_FP16, None),
     "loss_scale_window": _refused(_FP16, 1000.0),

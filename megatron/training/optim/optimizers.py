@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from megatron.config.groups.optimizer import OPTIMIZER_TYPES
+from megatron.model.mup import split_groups
 from megatron.model.param_groups import param_groups
 from megatron.training.optim.distro import Distro
 from megatron.training.optim.lion import Lion
@@ -134,7 +135,10 @@ def build_optimizer(
 def build_optimizer_from_config(cfg, model: torch.nn.Module):
     """(optimizer, parameter groups) for `deepspeed.initialize`."""
     o = cfg.optimizer
-    groups = expert_param_groups(param_groups(model, o.weight_decay), cfg.parallel.zero_stage)
+    groups = param_groups(model, o.weight_decay)
+    if cfg.mup.use_mup:
+        groups = split_groups(groups, o.optimizer_type)
+    groups = expert_param_groups(groups, cfg.parallel.zero_stage)
     optimizer = build_optimizer(
         groups, o.optimizer_type, o.lr, o.weight_decay, o.optimizer_params or {}
     )

@@ -45,16 +45,6 @@ NEOX_DEFAULTS = {
     "loss_scale_window": 1000.0,
     "min_scale": 1.0,
     "char_level_ppl": False,
-    "use_mup": False,
-    "coord_check": False,
-    "save_base_shapes": False,
-    "base_shapes_file": None,
-    "mup_init_scale": 1.0,
-    "mup_attn_temp": 1.0,
-    "mup_output_temp": 1.0,
-    "mup_embedding_mult": 1.0,
-    "mup_rp_embedding_mult": 1.0,
-    "mup_width_scale": 2,
     "return_logits": False,
     "wandb_init_all_ranks": False,
     "log_grad_pct_zeros": False,
@@ -90,6 +80,16 @@ NEOX_DEFAULTS = {
 
 # Our keys whose default GPT-NeoX also defines (same file).
 NEOX_DEFAULTS_OF_OUR_KEYS = {
+    "use_mup": False,
+    "coord_check": False,
+    "save_base_shapes": False,
+    "base_shapes_file": None,
+    "mup_init_scale": 1.0,
+    "mup_attn_temp": 1.0,
+    "mup_output_temp": 1.0,
+    "mup_embedding_mult": 1.0,
+    "mup_rp_embedding_mult": 1.0,
+    "mup_width_scale": 2,
     "rpe_num_buckets": 32,
     "rpe_max_distance": 128,
     "gmlp_attn_dim": 64,
@@ -165,7 +165,7 @@ def test_every_unimplemented_key_has_a_class_and_advice():
     "text, key",
     [
         ("moe_num_experts: 8\nmoe_loss_coeff: 0.5\n", "moe_loss_coeff"),
-        ("use_mup: true\n", "use_mup"),
+        ("te_fp8_mha: true\n", "te_fp8_mha"),
         ("num_unique_layers: 1\n", "num_unique_layers"),
         ("soft_prompt_tuning: {enabled: true, num_tokens: 10}\n", "soft_prompt_tuning"),
         ("short_seq_prob: 0.2\n", "short_seq_prob"),
@@ -190,26 +190,26 @@ def test_keys_of_planned_features_say_so(write):
 
 def test_every_refusal_is_reported_at_once(write):
     with pytest.raises(ConfigError) as err:
-        _load(write, "moe_num_experts: 8\nmoe_loss_coeff: 0.2\nuse_mup: true\nhysteresis: 4\n")
-    keys = ("moe_loss_coeff", "use_mup", "hysteresis")
+        _load(write, "moe_num_experts: 8\nmoe_loss_coeff: 0.2\nte_fp8_mha: true\nhysteresis: 4\n")
+    keys = ("moe_loss_coeff", "te_fp8_mha", "hysteresis")
     assert all(f"'{k}'" in str(err.value) for k in keys)
 
 
 def test_neox_default_values_pass_silently(write):
     warn: list[str] = []
     text = "moe_loss_coeff: 0.1\noutput_layer_parallelism: column\n"
-    cfg = _load(write, text + "hysteresis: 2\nuse_mup: false\n", warn=warn)
+    cfg = _load(write, text + "hysteresis: 2\n", warn=warn)
     assert warn == []
     assert cfg.unimplemented["moe_loss_coeff"] == 0.1 and cfg.unimplemented["hysteresis"] == 2
 
 
 def test_dependent_keys_without_their_feature_warn(write):
     warn: list[str] = []
-    text = "moe_loss_coeff: 0.5\nmup_init_scale: 2.0\nparam_sharing_style: flat\n"
+    text = "moe_loss_coeff: 0.5\nte_fp8_margin: 2\nparam_sharing_style: flat\n"
     cfg = _load(write, text, warn=warn)
     assert cfg.unimplemented == {
         "moe_loss_coeff": 0.5,
-        "mup_init_scale": 2.0,
+        "te_fp8_margin": 2,
         "param_sharing_style": "flat",
     }
     assert len(warn) == 3 and all("run.yml" in w and "no effect without" in w for w in warn)
