@@ -26,7 +26,8 @@ REQ := requirements
 TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/requirements-build.txt \
 	$(REQ)/requirements-data.txt setup.py tools/build_deepspeed_ops.py
 TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
-	$(REQ)/requirements-wandb.txt $(REQ)/requirements-comet.txt $(REQ)/requirements-eval.txt
+	$(REQ)/requirements-wandb.txt $(REQ)/requirements-comet.txt $(REQ)/requirements-eval.txt \
+	$(REQ)/requirements-mup.txt
 
 .PHONY: train test data install install-test
 
@@ -46,11 +47,12 @@ install-test: $(ENV)/.megatron-neox-test
 $(PY):
 	$(PYTHON) -m venv $(ENV)
 
-# $(1): the requirements file of the target (the runtime, or the runtime with the test tools).
+# $(1): the requirements file of the target (the runtime, or the runtime with the test tools);
+# $(2): more requirement files to install without their dependencies.
 define install_into_env
 	$(PIP) install $(TORCH)
 	$(PIP) install -r $(REQ)/requirements-build.txt -r $(1)
-	$(PIP) install --no-deps -r $(REQ)/requirements-data.txt
+	$(PIP) install --no-deps -r $(REQ)/requirements-data.txt $(2)
 	$(PIP) install --no-build-isolation -e .
 	$(PY) tools/build_deepspeed_ops.py
 	touch $@
@@ -60,4 +62,4 @@ $(ENV)/.megatron-neox-train: $(TRAIN_REQS) | $(PY)
 	$(call install_into_env,$(REQ)/requirements.txt)
 
 $(ENV)/.megatron-neox-test: $(TEST_REQS) | $(PY)
-	$(call install_into_env,$(REQ)/requirements-dev.txt)
+	$(call install_into_env,$(REQ)/requirements-dev.txt,-r $(REQ)/requirements-mup.txt)
