@@ -9,7 +9,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_worker_logging(argv)
     cfg = config_from_argv(argv)
     if cfg.mup.save_base_shapes:  # GPT-NeoX's step before a muP run: write them, do not train
-        from megatron.model.mup import save_base_shapes
+        from megatron.model.mup_shapes import save_base_shapes
 
         save_base_shapes(cfg)
         return

@@ -23,6 +23,7 @@ With `sequence_parallel` and more than one stage, DeepSpeed's config must carry
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import deepspeed
@@ -160,6 +161,15 @@ def _check_partition_method(method: str) -> str:
     )
 
 
+def full_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every parameter's whole shape, by name, from the plain model built on
+    the meta device (one process, no pipeline: the whole model at any layout; muP reads them)."""
+    plain = dataclasses.replace(args, use_mup=False, pipe_parallel_size=0)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # layer specs seed torch
+        model = GPTModel(gpt_layer_specs(plain), loss_fn=None)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
 def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     """The model for `args` (see the module docstring); `topology` is a `ParallelTopology`
     (None: one process, no parallelism)."""
@@ -191,7 +201,7 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
         model = GPTModel(specs, loss_fn=loss_fn, checkpoint_num_layers=interval)
     model.args = args
     if args.use_mup:
-        apply_mup(model, args)
+        apply_mup(model, args, full_shapes(args))
     if group_size(tp_group) > 1:
         model.sequence_parallel_grad_hooks = register_sequence_parallel_grad_hooks(model, tp_group)
     return model

@@ -1,13 +1,13 @@
 """muP (Tensor Programs V, arXiv:2203.03466) as GPT-NeoX applies it, without the mup package.
 
 Every parameter gets an "infshape" as mup defines it: a dimension is infinite when it grows
-with the width, i.e. when the base-shapes file (`base_shapes`, mup's format) gives it a base
+with the width, i.e. when the base-shapes file (`mup_shapes.py`, mup's format) gives it a base
 size; its multiplier is size / base size. A parameter with two infinite dimensions is
 matrix-like, with fewer vector-like; its width multiplier is that of its last infinite
 dimension (the fan-in of a `(out, in)` weight). Sizes are those of the whole model on one
 process (tensor parallelism splits a dimension of the base and the model alike).
 
-`apply_mup(model, args)` then does, after the standard initialisation:
+`apply_mup(model, args, full_shapes)` then does, after the standard initialisation:
 - matrix-like weights × width_mult^-1/2 (mup's `init.normal_`), every weight matrix and
   embedding table × `mup_init_scale`;
 - records each parameter's `InfShape` (attribute `INFSHAPE`), from which `split_groups`
@@ -32,51 +32,6 @@ INFSHAPE = "mup_infshape"  # attribute of each parameter: its `InfShape`
 READOUT = "mup_readout_mult"  # attribute of the head module: its input multiplier
 
 
-def full_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every parameter's whole shape, by name, from a model built on the meta device."""
-    from megatron.model.gpt import GPTModel
-    from megatron.model.specs import gpt_layer_specs
-
-    plain = dataclasses.replace(args, use_mup=False, pipe_parallel_size=0)
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # layer specs seed torch
-        model = GPTModel(gpt_layer_specs(plain), loss_fn=None)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
-def base_shapes(args: ModelArgs, width_scale: int) -> dict[str, list[int | None]]:
-    """mup's base shapes for `args` as the base: per parameter the base size of each dimension
-    that differs in a model `width_scale` times wider (`hidden_size`), null for the others."""
-    base = full_shapes(args)
-    wider = dataclasses.replace(
-        args,
-        hidden_size=args.hidden_size * width_scale,
-        head_dim=args.head_dim * width_scale,
-    )
-    delta = full_shapes(wider)
-    return {
-        name: [b if b != d else None for b, d in zip(shape, delta[name], strict=True)]
-        for name, shape in base.items()
-    }
-
-
-def save_base_shapes(cfg) -> None:
-    """`save_base_shapes: true`: write `base_shapes_file` for the configured model (global rank
-    0 of the launch writes it; the shapes need no process group)."""
-    import os
-
-    import yaml
-
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
-    shapes = base_shapes(ModelArgs.from_config(cfg), cfg.mup.mup_width_scale)
-    path = cfg.mup.base_shapes_file
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        yaml.safe_dump(shapes, f, sort_keys=False)
-    os.replace(tmp, path)
-    print(f"muP base shapes of {len(shapes)} parameters written to {path}", flush=True)
-
-
 @dataclasses.dataclass(frozen=True)
 class InfShape:
     """mup's view of one parameter: per dimension its multiplier, None where finite."""
@@ -98,10 +53,10 @@ class InfShape:
         return fanin / fanout
 
 
-def infshapes(args: ModelArgs) -> dict[str, InfShape]:
-    """Each parameter's `InfShape` from `args.mup_base_shapes` and the model's shapes."""
+def infshapes(args: ModelArgs, shapes: dict[str, tuple[int, ...]]) -> dict[str, InfShape]:
+    """Each parameter's `InfShape` from `args.mup_base_shapes` and the whole model's shapes
+    (`gpt.py::full_shapes`)."""
     base = args.mup_base_shapes
-    shapes = full_shapes(args)
     missing = sorted(set(shapes) - set(base or {}))
     if missing:
         raise ValueError(
@@ -135,9 +90,10 @@ def _scales(shape: InfShape, optimizer_type: str) -> tuple[float, float]:
     return 1.0, 1.0
 
 
-def apply_mup(model: nn.Module, args: ModelArgs) -> None:
-    """Turn a standard-initialised model into muP (see the module docstring), in place."""
-    shapes = infshapes(args)
+def apply_mup(model: nn.Module, args: ModelArgs, full: dict[str, tuple[int, ...]]) -> None:
+    """Turn a standard-initialised model into muP (see the module docstring), in place;
+    `full`: every parameter's shape in the whole model (`gpt.py::full_shapes`)."""
+    shapes = infshapes(args, full)
     with torch.no_grad():
         for name, p in model.named_parameters():
             shape = shapes[name]

@@ -16,7 +16,8 @@ import torch
 from megatron.model.args import ModelArgs
 from megatron.model.gpt import build_gpt
 from megatron.model.loss import bound_loss_fn
-from megatron.model.mup import base_shapes, split_groups
+from megatron.model.mup import split_groups
+from megatron.model.mup_shapes import base_shapes
 from megatron.model.param_groups import param_groups
 
 

@@ -14,7 +14,8 @@ from megatron.config import ConfigError
 from megatron.config.resolve import config_from_dict
 from megatron.model.args import ModelArgs
 from megatron.model.gpt import build_gpt
-from megatron.model.mup import base_shapes, split_groups
+from megatron.model.mup import split_groups
+from megatron.model.mup_shapes import base_shapes
 from megatron.model.param_groups import param_groups
 
 mup = pytest.importorskip("mup")
