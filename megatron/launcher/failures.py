@@ -137,8 +137,12 @@ def any_bug(failures: Sequence[Failure]) -> bool:
 
 
 def exit_status(failures: Sequence[Failure], runner_status: int) -> int:
-    """`USER_ERROR_EXIT` when only user errors (and their collateral) stopped the run."""
+    """`USER_ERROR_EXIT` when only user errors (and their collateral) stopped the run; with a
+    bug among them never that status, whichever rank's status the runner passed on (a rank
+    that lost its peer to the bug exits with `USER_ERROR_EXIT`)."""
     kinds = {f.kind for f in failures}
     if runner_status != 0 and USER in kinds and BUG not in kinds:
         return USER_ERROR_EXIT
+    if BUG in kinds and runner_status in (0, USER_ERROR_EXIT):
+        return 1
     return runner_status

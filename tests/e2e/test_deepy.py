@@ -141,7 +141,7 @@ def test_mpi_mode_through_mpirun(tmp_path):
     "extra, key, dry_run",
     [
         ("num_unique_layers: 2\n", "num_unique_layers", False),
-        ("use_mup: true\n", "use_mup", False),
+        ("use_bnb_optimizer: true\n", "use_bnb_optimizer", False),
         ("data_impl: cached\n", "data_impl", True),
     ],
 )

@@ -69,6 +69,7 @@ def test_a_lost_peer_beside_another_failure_is_collateral_whoever_wrote_first(tm
     failures = read_failures(str(tmp_path))
     assert [(f.rank, f.kind) for f in failures] == [(0, COLLATERAL), (1, BUG)]
     assert exit_status(failures, 1) == 1
+    assert exit_status(failures, USER_ERROR_EXIT) == 1  # the runner passed on rank 0's status
     assert failure_report(failures, str(tmp_path), verbose=False)[0] == (
         "rank 1 failed (traceback above)"
     )
@@ -138,7 +139,7 @@ def test_a_launch_stopped_by_user_errors_says_the_message_and_keeps_no_traceback
     assert err == "deepy.py: error on rank 0: disk full\n"
     assert not os.path.exists(folder)
     status, err, folder = _run(tmp_path, BUG, capsys)
-    assert status == 2 and f"deepy.py: tracebacks: {folder}" in err
+    assert status == 1 and f"deepy.py: tracebacks: {folder}" in err  # a bug is never 2
     assert read_failures(folder)[0].kind == BUG  # a bug's tracebacks are kept
 
 
