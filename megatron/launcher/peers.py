@@ -77,13 +77,24 @@ def _from_a_collective(error: BaseException) -> bool:
     return False
 
 
+def _lost_in_a_collective(error: BaseException) -> BaseException | None:
+    """`error`, or the error it was raised from (a failed checkpoint save wraps the broken
+    barrier), when it is a backend's peer-loss error from a collective."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RuntimeError) and _LOST.search(str(error)):
+            if _from_a_collective(error):
+                return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
 def lost_peer_error(error: BaseException) -> LostPeerError | None:
     """`error` said as the loss of a peer (module docstring), or None when it is not one."""
+    error = _lost_in_a_collective(error)
+    if error is None:
+        return None
     text = str(error)
-    if not isinstance(error, RuntimeError) or not _LOST.search(text):
-        return None
-    if not _from_a_collective(error):
-        return None
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     addresses = set(_ADDRESS.findall(text))
     lost: dict[tuple[str, str], list[int]] = {}  # (host, address): ranks; an address is a node's

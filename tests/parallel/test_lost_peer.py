@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from megatron.errors import is_user_error
 from megatron.launcher.peers import lost_peer_error, record_peers
+from megatron.training.checkpoint.disk_space import CheckpointSaveError
 from tests.distributed import run_distributed
 
 
@@ -25,16 +26,23 @@ def _rank0_waits_for_a_rank_that_leaves(rank, world_size):
         dist.all_reduce(torch.ones(4))
     except RuntimeError as error:
         lost = lost_peer_error(error)
-        return [str(lost), is_user_error(lost), [(p.rank, p.host) for p in peers]]
+        try:  # as a checkpoint save whose barrier broke reports it
+            raise CheckpointSaveError(
+                f"could not save checkpoint ckpt/global_step12 ({error})"
+            ) from error
+        except CheckpointSaveError as wrapped:
+            through = str(lost_peer_error(wrapped))
+        return [str(lost), is_user_error(lost), [(p.rank, p.host) for p in peers], through]
     return "the all-reduce went through without rank 1"
 
 
 def test_the_lost_rank_is_named_with_its_host():
-    message, user, peers = run_distributed(_rank0_waits_for_a_rank_that_leaves, 2)[0]
+    message, user, peers, through = run_distributed(_rank0_waits_for_a_rank_that_leaves, 2)[0]
     host = socket.gethostname()
     assert peers == [(0, host), (1, host)]
     assert f"lost contact with rank 1 on {host} (127.0.0.1)" in message
     assert "`latest` stays on the last complete checkpoint" in message and user
+    assert f"lost contact with rank 1 on {host} (127.0.0.1)" in through  # seen through the save
 
 
 def test_an_error_from_elsewhere_is_not_a_lost_peer():
