@@ -23,11 +23,14 @@ from host integers: no extra collective or synchronisation. GPT-NeoX lets the pa
 take probability mass; this departs from it on purpose.
 
 The same function serves tp 1 (`tp_group` None: the collectives are no-ops). It is also the
-cheapest there: it allocates one logits-sized buffer (the shifted logits, turned into the softmax
-in place and then into the gradient in place), where `F.cross_entropy` on the token columns
-writes the log-softmax, a zero-filled NLL gradient, the log-softmax gradient and the
-zero-filled gradient of the slice: four buffers of `tokens × V` floats whose passes, at a 50k
-vocabulary, cost more than the output head's matrix multiply on a CPU.
+cheapest there. It reads the logits once in the forward, a cache-sized chunk of tokens at a
+time (max, shift, exp, sum while the chunk is in cache), and writes one logits-sized buffer:
+for fp32 logits exp(z) in the forward, turned into the gradient in place in the backward; for
+bf16/fp16 logits the gradient itself, recomputed from the logits in the backward (an fp32
+softmax kept until then would hold twice their memory). `F.cross_entropy` on the token columns
+writes four (log-softmax, a zero-filled NLL gradient, the log-softmax gradient, the
+zero-filled gradient of the slice), each a full pass over `tokens × V` floats that at a 50k
+vocabulary costs about as much as the output head's matrix multiply on a CPU.
 """
 
 from __future__ import annotations
@@ -56,6 +59,38 @@ def mask_padding(logits: torch.Tensor, tp_group=None, vocab_size: int | None = N
     return logits.masked_fill(padding, float("-inf"))
 
 
+CHUNK_BYTES = {"cpu": 4 << 20}
+"""Bytes of fp32 logits the softmax passes take at a time, by device type (others: 1 GiB). On
+a CPU a chunk stays in the last-level cache between its passes (max, shift, exp, sum; in the
+backward scale and one-hot) and its scratch memory is reused instead of paged in afresh; on a
+GPU a few large chunks keep the kernel count low."""
+
+
+def row_chunks(rows: int, cols: int, device: torch.device):
+    """Slices of `rows` rows whose `rows × cols` fp32 values fit the device's chunk size."""
+    step = max(1, CHUNK_BYTES.get(device.type, 1 << 30) // (4 * max(cols, 1)))
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)] if cols else []
+
+
+def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
+    """One pass over the token columns of `x` `(tokens, V/tp)`, a chunk at a time: per token
+    this rank's max m_r, sum exp(x - m_r) and (for label smoothing) sum x, in `dtype`.
+    `exp_out`, a `(tokens, V/tp)` buffer of `dtype`, receives exp(x - m_r)."""
+    tokens = x.shape[0]
+    local_max = torch.full((tokens,), float("-inf"), dtype=dtype, device=x.device)
+    sum_exp = torch.zeros((tokens,), dtype=dtype, device=x.device)
+    sum_x = torch.zeros((tokens,), dtype=dtype, device=x.device)
+    for rows in row_chunks(tokens, real, x.device):
+        chunk = x[rows, :real].to(dtype)  # a view of fp32 logits, an fp32 copy of bf16 ones
+        local_max[rows] = chunk.max(dim=-1).values
+        if smoothing:
+            sum_x[rows] = chunk.sum(dim=-1)
+        out = None if exp_out is None else exp_out[rows, :real]
+        shifted = torch.sub(chunk, local_max[rows].unsqueeze(-1), out=out)
+        sum_exp[rows] = shifted.exp_().sum(dim=-1)
+    return local_max, sum_exp, sum_x
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, label_smoothing, true_vocab=None):
@@ -63,47 +98,44 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         vocab_size = true_vocab or vocab_per_rank * group_size(group)
         start = group_rank(group) * vocab_per_rank
         real = token_columns(vocab_per_rank, group, true_vocab)  # the rest is padding
-        # fp32 at least (bf16/fp16 logits are upcast; fp64 stays fp64).
+        # fp32 at least (bf16/fp16 logits are upcast chunk by chunk; fp64 stays fp64).
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        z = logits.to(dtype).reshape(-1, vocab_per_rank)  # (tokens, V/tp)
-        own_copy = z.data_ptr() != logits.data_ptr()  # an upcast is ours to overwrite
+        x = logits.reshape(-1, vocab_per_rank)  # (tokens, V/tp); never written to
         flat_target = target.reshape(-1)  # (tokens,)
 
-        # Subtract the global max of the tokens' logits for a stable exp (a copy: the caller's
-        # logits stay intact). A padding logit far above them must not set the shift.
-        if real:
-            local_max = z[:, :real].max(dim=-1).values
-        else:  # only padding here
-            local_max = z.new_full(z.shape[:1], float("-inf"))
-        all_reduce(local_max, group, op="max")
-        z = z.sub_(local_max.unsqueeze(-1)) if own_copy else z - local_max.unsqueeze(-1)
-        if real < vocab_per_rank:
-            z[:, real:] = float("-inf")  # exp() -> 0: padding takes no probability
+        # Logits in the math's dtype: exp(x - m_r) goes to a buffer that the backward turns
+        # into the gradient in place. Lower-precision logits: the backward recomputes it from
+        # them, rather than hold an fp32 copy twice their size until then.
+        keep = torch.empty_like(x, dtype=dtype) if x.dtype == dtype else None
+        if keep is not None:
+            keep[:, real:] = 0.0  # padding columns: no probability, no gradient
+        local_max, sum_exp, sum_x = local_sums(x, real, dtype, bool(label_smoothing), keep)
+        # The global max M (a padding logit far above the tokens' does not set it) rescales
+        # the sums: sum exp(x - M) = exp(m_r - M) * sum exp(x - m_r), exactly at tp 1.
+        shift = all_reduce(local_max.clone(), group, op="max")
+        rescale = (local_max - shift).exp_()
 
         outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)
         local_target = (flat_target - start).masked_fill(outside, 0)
-        target_logit = z.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
-        target_logit = target_logit.masked_fill(outside, 0.0)
-
-        sums = [target_logit]
-        if label_smoothing:
-            sums.append(z[:, :real].sum(dim=-1))
-        exp_z = z.exp_()  # z is our own copy; it becomes the softmax buffer
-        sums.insert(1, exp_z.sum(dim=-1))
+        target_logit = x.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).to(dtype) - shift
+        sums = [target_logit.masked_fill(outside, 0.0), sum_exp * rescale]
+        if label_smoothing:  # the shifted token logits' sum, sum (x - M)
+            sums.append(sum_x - real * shift)
         # One all-reduce for the per-token sums (target logit, sum exp[, sum z]): (2|3, tokens).
         sums = all_reduce(torch.stack(sums), group)
-        lse = sums[1].log()
-        loss = lse - sums[0]
+        log_sum = sums[1].log()
+        loss = log_sum - sums[0]
         if label_smoothing:
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * (lse - sums[2] / vocab_size)
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * (
+                log_sum - sums[2] / vocab_size
+            )
 
-        softmax = exp_z.div_(sums[1].unsqueeze(-1))  # (tokens, V/tp), reused as the gradient
-        ctx.save_for_backward(softmax, local_target, outside)
-        ctx.label_smoothing = label_smoothing
-        ctx.vocab_size = vocab_size
-        ctx.real = real
-        ctx.input_shape = logits.shape
-        ctx.input_dtype = logits.dtype
+        if keep is not None:  # softmax = keep * exp(m_r - M) / sum exp(x - M)
+            ctx.save_for_backward(keep, rescale.div_(sums[1]), local_target, outside)
+        else:  # softmax = exp(x - lse), lse = M + log sum exp(x - M)
+            ctx.save_for_backward(logits, shift + log_sum, local_target, outside)
+        ctx.kept, ctx.real, ctx.shape = keep is not None, real, logits.shape
+        ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
         ctx.backward_done = False
         return loss.view(target.shape)
 
@@ -111,22 +143,35 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if ctx.backward_done:
             raise RuntimeError(
-                "vocab_parallel_cross_entropy reuses its saved softmax as the gradient buffer, "
-                "so it supports one backward per forward (no retain_graph double backward)"
+                "vocab_parallel_cross_entropy turns its saved softmax into the gradient, so it "
+                "supports one backward per forward (no retain_graph double backward)"
             )
         ctx.backward_done = True
-        softmax, local_target, outside = ctx.saved_tensors
-        eps = ctx.label_smoothing
-        # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V, computed in place
-        # (V the true vocabulary; padding columns keep their softmax, 0: no gradient).
-        grad = softmax
-        rows = torch.arange(grad.shape[0], device=grad.device)
-        inside = (~outside).to(grad.dtype)
-        grad[rows, local_target] -= (1.0 - eps) * inside
-        if eps:
-            grad[:, : ctx.real] -= eps / ctx.vocab_size
-        grad.mul_(grad_loss.reshape(-1, 1).to(grad.dtype))
-        return grad.view(ctx.input_shape).to(ctx.input_dtype), None, None, None, None
+        saved, row_values, local_target, outside = ctx.saved_tensors
+        x = saved.reshape(-1, saved.shape[-1])
+        eps, real, dtype = ctx.label_smoothing, ctx.real, row_values.dtype
+        # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V (V the true
+        # vocabulary; the padding columns stay 0: no gradient), times the loss's gradient;
+        # in fp32 (fp64), cast once to the logits' dtype.
+        scale = grad_loss.reshape(-1).to(dtype)
+        onehot = ((1.0 - eps) * (~outside).to(dtype)).mul_(scale)
+        if ctx.kept:
+            grad, factor = x, row_values * scale  # the buffer of exp(x - m_r)
+        else:
+            grad = torch.empty_like(x)
+            grad[:, real:] = 0.0
+        for rows in row_chunks(x.shape[0], real, x.device):
+            if ctx.kept:
+                g = x[rows, :real].mul_(factor[rows].unsqueeze(-1))
+            else:
+                g = x[rows, :real].to(dtype) - row_values[rows].unsqueeze(-1)
+                g.exp_().mul_(scale[rows].unsqueeze(-1))
+            if eps:
+                g.sub_((eps / ctx.vocab_size) * scale[rows].unsqueeze(-1))
+            g[torch.arange(g.shape[0], device=g.device), local_target[rows]] -= onehot[rows]
+            if not ctx.kept:
+                grad[rows, :real] = g
+        return grad.view(ctx.shape), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
