@@ -53,6 +53,7 @@ def loss_fn(
     tp_group=None,
     z_loss: float = 0.0,
     vocab_size: int | None = None,
+    consume: bool = False,
 ) -> torch.Tensor:
     """Masked mean cross entropy (plus the z-loss term when `z_loss` > 0).
 
@@ -64,12 +65,17 @@ def loss_fn(
         z_loss: coefficient of `mean(logsumexp(logits)²)` over the same tokens.
         vocab_size: the true vocabulary; logit columns from it on are padding, masked out
             (None: no padding).
+        consume: the logits are used by nothing after the loss (their memory then holds the
+            softmax and its gradient; see `vocab_parallel_cross_entropy`'s `consume_logits`).
 
     Returns:
         fp32 scalar `sum(loss * mask) / sum(mask)` (0 when the mask is all zero).
     """
     targets, loss_mask = labels
-    losses = vocab_parallel_cross_entropy(logits, targets, tp_group, vocab_size=vocab_size)
+    # The logits are this call's alone unless the z-loss reads them after it.
+    losses = vocab_parallel_cross_entropy(
+        logits, targets, tp_group, vocab_size=vocab_size, consume_logits=consume and not z_loss
+    )
     loss = _masked_mean(losses, loss_mask)  # fp32
     if z_loss:
         loss = loss + z_loss * _masked_mean(
@@ -80,6 +86,10 @@ def loss_fn(
 
 def bound_loss_fn(tp_group=None, z_loss: float = 0.0, vocab_size: int | None = None):
     """`loss_fn` with its tensor-parallel group, z-loss coefficient and true vocabulary bound
-    (keeps `__name__` for DeepSpeed's log)."""
-    bound = functools.partial(loss_fn, tp_group=tp_group, z_loss=z_loss, vocab_size=vocab_size)
+    (keeps `__name__` for DeepSpeed's log). It consumes the logits, as the engines hand them
+    over: `model.loss_fn(model(tokens, positions), labels)`; keep a `clone()` to read them
+    after."""
+    bound = functools.partial(
+        loss_fn, tp_group=tp_group, z_loss=z_loss, vocab_size=vocab_size, consume=True
+    )
     return functools.update_wrapper(bound, loss_fn)

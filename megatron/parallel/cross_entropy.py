@@ -93,20 +93,28 @@ def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, group, label_smoothing, true_vocab=None):
+    def forward(ctx, logits, target, group, label_smoothing, true_vocab=None, consume=False):
         vocab_per_rank = logits.shape[-1]
         vocab_size = true_vocab or vocab_per_rank * group_size(group)
         start = group_rank(group) * vocab_per_rank
         real = token_columns(vocab_per_rank, group, true_vocab)  # the rest is padding
         # fp32 at least (bf16/fp16 logits are upcast chunk by chunk; fp64 stays fp64).
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        x = logits.reshape(-1, vocab_per_rank)  # (tokens, V/tp); never written to
+        x = logits.reshape(-1, vocab_per_rank)  # (tokens, V/tp)
         flat_target = target.reshape(-1)  # (tokens,)
 
+        outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)
+        local_target = (flat_target - start).masked_fill(outside, 0)
+        target_logit = x.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).to(dtype)
         # Logits in the math's dtype: exp(x - m_r) goes to a buffer that the backward turns
         # into the gradient in place. Lower-precision logits: the backward recomputes it from
-        # them, rather than hold an fp32 copy twice their size until then.
-        keep = torch.empty_like(x, dtype=dtype) if x.dtype == dtype else None
+        # them, rather than hold an fp32 copy twice their size until then. `consume`: the
+        # logits' own memory is that buffer, or the gradient's.
+        consume = consume and x.data_ptr() == logits.data_ptr()  # (not a reshaped copy)
+        if x.dtype != dtype:
+            keep = None
+        else:
+            keep = x if consume else torch.empty_like(x, dtype=dtype)
         if keep is not None:
             keep[:, real:] = 0.0  # padding columns: no probability, no gradient
         local_max, sum_exp, sum_x = local_sums(x, real, dtype, bool(label_smoothing), keep)
@@ -115,9 +123,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         shift = all_reduce(local_max.clone(), group, op="max")
         rescale = (local_max - shift).exp_()
 
-        outside = (flat_target < start) | (flat_target >= start + vocab_per_rank)
-        local_target = (flat_target - start).masked_fill(outside, 0)
-        target_logit = x.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).to(dtype) - shift
+        target_logit = target_logit - shift
         sums = [target_logit.masked_fill(outside, 0.0), sum_exp * rescale]
         if label_smoothing:  # the shifted token logits' sum, sum (x - M)
             sums.append(sum_x - real * shift)
@@ -131,16 +137,23 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             )
 
         if keep is not None:  # softmax = keep * exp(m_r - M) / sum exp(x - M)
-            ctx.save_for_backward(keep, rescale.div_(sums[1]), local_target, outside)
+            kept = logits if consume else keep  # (the logits, not a view made here)
+            ctx.save_for_backward(kept, rescale.div_(sums[1]), local_target, outside)
         else:  # softmax = exp(x - lse), lse = M + log sum exp(x - M)
             ctx.save_for_backward(logits, shift + log_sum, local_target, outside)
         ctx.kept, ctx.real, ctx.shape = keep is not None, real, logits.shape
         ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
-        ctx.backward_done = False
+        ctx.backward_done, ctx.consume = False, consume
+        if consume:  # the overwritten logits come back as an output with no gradient
+            ctx.mark_dirty(logits)
+            ctx.set_materialize_grads(False)  # (else autograd would fill a zero gradient)
+            return loss.view(target.shape), logits
         return loss.view(target.shape)
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, *_consumed_logits):
+        if grad_loss is None:  # only the consumed logits reached the loss: no gradient here
+            return None, None, None, None, None, None
         if ctx.backward_done:
             raise RuntimeError(
                 "vocab_parallel_cross_entropy turns its saved softmax into the gradient, so it "
@@ -157,8 +170,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         onehot = ((1.0 - eps) * (~outside).to(dtype)).mul_(scale)
         if ctx.kept:
             grad, factor = x, row_values * scale  # the buffer of exp(x - m_r)
-        else:
-            grad = torch.empty_like(x)
+        else:  # each chunk is read before its rows of the gradient are written
+            grad = x if ctx.consume else torch.empty_like(x)
             grad[:, real:] = 0.0
         for rows in row_chunks(x.shape[0], real, x.device):
             if ctx.kept:
@@ -171,7 +184,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             g[torch.arange(g.shape[0], device=g.device), local_target[rows]] -= onehot[rows]
             if not ctx.kept:
                 grad[rows, :real] = g
-        return grad.view(ctx.shape), None, None, None, None
+        return grad.view(ctx.shape), None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
@@ -180,6 +193,7 @@ def vocab_parallel_cross_entropy(
     tp_group=None,
     label_smoothing: float = 0.0,
     vocab_size: int | None = None,
+    consume_logits: bool = False,
 ) -> torch.Tensor:
     """Per-token cross entropy of vocab-sharded logits.
 
@@ -192,6 +206,10 @@ def vocab_parallel_cross_entropy(
         label_smoothing: in `[0, 1)`, with `torch.nn.functional.cross_entropy`'s meaning.
         vocab_size: the true vocabulary (the tokenizer's); the logit columns from it up to the
             padded `V` are masked out (see the module docstring). None: no padding.
+        consume_logits: the logits are not needed after this call (nothing else reads or
+            saved them): their memory holds the softmax and then the gradient, instead of a
+            new logits-sized buffer (as GPT-NeoX's and Megatron's cross entropy overwrite
+            theirs). Autograd sees the overwrite, so a later reader of them fails loudly.
 
     Returns:
         `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits).
@@ -210,6 +228,7 @@ def vocab_parallel_cross_entropy(
             "padded vocabulary of the logits"
         )
     true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
-    return _VocabParallelCrossEntropy.apply(
-        logits_parallel, target, tp_group, float(label_smoothing), true_vocab
+    out = _VocabParallelCrossEntropy.apply(
+        logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits
     )
+    return out[0] if isinstance(out, tuple) else out

@@ -163,3 +163,57 @@ def test_one_logits_sized_buffer_at_tp1(dtype, monkeypatch):
         vocab_parallel_cross_entropy(logits, target, vocab_size=vocab).sum().backward()
     assert len(counted.ops) == 1, counted.ops
     assert logits.grad.dtype == dtype
+
+
+def head_and_reference(dtype):
+    """A linear output head over hidden states, and a copy of it for the reference."""
+    torch.manual_seed(5)
+    hidden = torch.randn(4, 6, 16)
+    weight = (torch.randn(24, 16) * 0.5).to(dtype).requires_grad_()
+    ref_weight = weight.detach().float().requires_grad_()
+    return hidden, weight, ref_weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_consumed_logits_give_torch_cross_entropy_and_its_gradient(dtype, chunked):
+    """With `consume_logits` the head's output is overwritten, and the loss and the head's
+    weight gradient are still `F.cross_entropy`'s over the 17 token columns of 24."""
+    hidden, weight, ref_weight = head_and_reference(dtype)
+    target = torch.randint(0, 17, (4, 6))
+    logits = hidden.to(dtype) @ weight.t()
+    loss = vocab_parallel_cross_entropy(logits, target, vocab_size=17, consume_logits=True)
+    ref = F.cross_entropy(
+        (hidden @ ref_weight.t())[..., :17].reshape(-1, 17), target.view(-1), reduction="none"
+    ).view(4, 6)
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(loss, ref, **tol)
+    up = torch.rand(4, 6)
+    (loss * up).sum().backward()
+    (ref * up).sum().backward()
+    torch.testing.assert_close(weight.grad.float(), ref_weight.grad, **tol)
+
+
+def test_a_later_reader_of_consumed_logits_fails_loudly():
+    """Another op that saved the logits for its backward sees them overwritten: autograd
+    refuses, rather than computing a wrong gradient."""
+    hidden, weight, _ = head_and_reference(torch.float32)
+    logits = hidden @ weight.t()
+    other = (logits * logits).sum()  # saves the logits
+    loss = vocab_parallel_cross_entropy(logits, torch.zeros(4, 6, dtype=torch.long), None, 0.0,
+                                        consume_logits=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss.sum() + other).backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_consumed_logits_need_no_logits_sized_buffer(dtype, monkeypatch):
+    tokens, vocab, padded = 64, 500, 512
+    monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 8 * padded * 4)
+    weight = torch.randn(padded, 8).to(dtype).requires_grad_()
+    hidden = torch.randn(4, tokens // 4, 8).to(dtype)
+    target = torch.randint(0, vocab, (4, tokens // 4))
+    logits = hidden @ weight.t()
+    with NewLargeTensors(tokens * vocab // 2) as counted:
+        loss = vocab_parallel_cross_entropy(logits, target, vocab_size=vocab, consume_logits=True)
+        loss.sum().backward()
+    assert counted.ops == [], counted.ops
