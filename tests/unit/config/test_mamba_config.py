@@ -1,9 +1,12 @@
 """`mamba` layers in configs: GPT-NeoX's keys and defaults, and what is refused with why."""
 
 import pytest
+import torch
 
 from megatron.config import ConfigError, load_config
 from megatron.config.groups.model import ModelConfig
+from megatron.model.args import ModelArgs
+from megatron.model.gpt import build_gpt
 from tests.unit.config.conftest import MINIMAL
 
 # GPT-NeoX's megatron/neox_arguments/neox_args.py defaults of the Mamba keys, copied by hand.
@@ -52,6 +55,21 @@ def test_mamba_layers_mix_with_attention(write):
 def test_what_mamba_cannot_do_is_refused(write, text, match):
     with pytest.raises(ConfigError, match=match):
         _load(write, 'attention_config: [[["mamba"], 2]]\n' + text, world_size=2)
+
+
+def test_heads_need_not_split_the_width_when_no_layer_attends(write):
+    """GPT-NeoX's Mamba configs keep 12 heads at widths 12 does not divide (mamba-370M: 1024),
+    which GPT-NeoX allows when the model has Mamba layers; with an attention layer beside them
+    the heads split the width again."""
+    heads = ["num_attention_heads=12"]  # MINIMAL's hidden_size is 64
+    cfg = _load(write, 'attention_config: [[["mamba"], 2]]\n', overrides=heads, vocab_size=64)
+    args = ModelArgs.from_config(cfg)
+    tokens = torch.randint(0, 64, (2, 8))
+    logits = build_gpt(args)(tokens, torch.arange(8).expand(2, -1))
+    assert args.layer_attention_types == ("mamba", "mamba")
+    assert logits.shape == (2, 8, args.vocab_size)
+    with pytest.raises(ConfigError, match="hidden_size 64 is not divisible by num_attention_h"):
+        _load(write, 'attention_config: [[["mamba", "global"], 1]]\n', overrides=heads)
 
 
 def test_half_precision_trains_with_fp32_params_off(write):
