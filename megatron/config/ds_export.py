@@ -32,7 +32,10 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         "zero_allow_untested_optimizer": p.zero_allow_untested_optimizer,
     }
     if pr.dtype == "fp16":
-        ds["fp16"] = {**(pr.fp16 or {}), "enabled": True}
+        # GPT-NeoX's configs repeat `"fp16": true` inside the section; DeeperSpeed ignored it,
+        # DeepSpeed 0.19 refuses a key its fp16 section does not know.
+        section = {k: v for k, v in (pr.fp16 or {}).items() if k != "fp16"}
+        ds["fp16"] = {**section, "enabled": True}
     elif pr.dtype == "bf16":
         ds["bf16"] = {**(pr.bf16 or {}), "enabled": True}
         if p.pipe_parallel_size >= 1 and p.zero_stage >= 1 and cfg.deepspeed.data_types is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from megatron.config.groups.model import ModelConfig
+from megatron.config.groups.model import ModelConfig, heads_split_hidden
 from megatron.config.groups.moe import MoEConfig
 from megatron.config.groups.mup import MUP_MODEL_KEYS, MuPConfig
 from megatron.config.groups.parallel import ParallelConfig
@@ -104,7 +104,8 @@ class _ModelArgsMethods:
                 f"model true_vocab_size {self.true_vocab_size!r} (the tokenizer's) must be in "
                 f"1..{self.vocab_size}, the padded vocabulary"
             )
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+        split = heads_split_hidden(self.layer_attention_types)
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads and split:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                 f"{self.num_attention_heads}"

@@ -1,7 +1,7 @@
-"""GPT-NeoX's own Mamba config (`configs/mamba/mamba-130M.yml`, kept as
-`tests/data/configs/mamba-130M-neox.yml`) through `deepy.py`, at a CPU size.
+"""GPT-NeoX's own Mamba configs (`configs/mamba/mamba-{130M,370M,790M,1.4B,2.8B}.yml`, kept
+as `tests/data/configs/mamba-*-neox.yml`) through `deepy.py`, at a CPU size.
 
-The file is passed unchanged; `--set` shrinks the model and turns off what needs a GPU (the
+Each file is passed unchanged; `--set` shrinks the model and turns off what needs a GPU (the
 kernels, fp16, NCCL), as a user would on a laptop; a second file gives only the keys the NeoX
 file does not set (data, tokenizer, logging). The run trains a few iterations of the
 Mamba-only model on one CPU rank (plain engine, ZeRO-1 and activation checkpointing as the
@@ -14,13 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.distributed import free_port
 from tests.e2e.test_train_deepy import REPO, _finish, _train_losses
 from tests.tiny import tiny_settings, write_config
 
-NEOX_FILE = REPO / "tests" / "data" / "configs" / "mamba-130M-neox.yml"
+pytestmark = pytest.mark.slow
+SIZES = ["130M", "370M", "790M", "1.4B", "2.8B"]
 CPU_SIZE = [
     "num_layers=2",
     "hidden_size=32",
@@ -43,13 +45,15 @@ CPU_SIZE = [
 ]
 
 
-def test_neox_mamba_config_trains_at_cpu_size(tmp_path):
-    neox_keys = set(yaml.safe_load(NEOX_FILE.read_text()))
+@pytest.mark.parametrize("size", SIZES)
+def test_neox_mamba_config_trains_at_cpu_size(tmp_path, size):
+    neox_file = REPO / "tests" / "data" / "configs" / f"mamba-{size}-neox.yml"
+    neox_keys = set(yaml.safe_load(neox_file.read_text()))
     ours = tiny_settings(tmp_path, master_port=free_port(), num_gpus=1)
     rest = write_config(tmp_path, {k: v for k, v in ours.items() if k not in neox_keys})
     sets = [word for item in CPU_SIZE for word in ("--set", item)]
     proc = subprocess.Popen(
-        [sys.executable, "deepy.py", "train.py", str(NEOX_FILE), str(rest), *sets],
+        [sys.executable, "deepy.py", "train.py", str(neox_file), str(rest), *sets],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -13,6 +13,7 @@ from megatron.config.config import Config
 from megatron.config.groups.checkpointing import parse_checkpoint_keep
 from megatron.config.groups.logging import validate_profiling
 from megatron.config.groups.lr import check_cycle_keys
+from megatron.config.groups.model import heads_split_hidden
 from megatron.config.groups.moe import validate_moe
 from megatron.config.groups.mup import validate_mup
 from megatron.config.groups.optimizer import OPTIMIZER_TYPES
@@ -50,7 +51,8 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
             raise ConfigError(f"{key}{_src(sources, key)} must be positive, got {value}")
     heads = m.num_attention_heads
     _validate_attention_variants(m, sources)
-    if m.head_dim is None and m.hidden_size % heads:
+    split = heads_split_hidden(m.layer_attention_types)  # every layer mamba: heads unused
+    if m.head_dim is None and m.hidden_size % heads and split:
         raise ConfigError(
             f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {heads}"
             f"{_src(sources, 'hidden_size', 'num_attention_heads')}"

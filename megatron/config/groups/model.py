@@ -270,3 +270,9 @@ def recorded_intermediate_size(model: dict) -> int | None:
     if size is not None or not hidden or set(types) & set(OWN_WIDTH_LAYERS):
         return size
     return mlp_size(None, hidden)
+
+
+def heads_split_hidden(layer_types: tuple[str, ...] | list[str]) -> bool:
+    """Whether `num_attention_heads` must divide `hidden_size`: not when every layer is a
+    `mamba` layer (no attention; GPT-NeoX's Mamba configs say 12 heads at hidden 1024)."""
+    return not layer_types or set(layer_types) != {"mamba"}

@@ -65,6 +65,10 @@ def test_pythia_style_neox_config():
     assert cfg.checkpointing.extra_save_iters[:3] == [0, 1, 2]
     assert cfg.tokenizer.tokenizer_type == "HFTokenizer"
     assert deepspeed_config(cfg)["fp16"]["initial_scale_power"] == 12
+    # DeepSpeed's own fp16 section takes it (the file's `"fp16": true` inside is GPT-NeoX's)
+    from deepspeed.runtime.precision_config import get_float16_config
+
+    assert get_float16_config(deepspeed_config(cfg)).initial_scale_power == 12
 
 
 def test_llama_style_neox_config():
