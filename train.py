@@ -8,7 +8,7 @@ from megatron.errors import run_worker
 def main(argv: list[str] | None = None) -> None:
     setup_worker_logging(argv)
     cfg = config_from_argv(argv)
-    if cfg.mup.save_base_shapes:  # GPT-NeoX's step before a muP run: write them, do not train
+    if cfg.mup.use_mup and cfg.mup.save_base_shapes:  # GPT-NeoX's step before a muP run
         from megatron.model.mup_shapes import save_base_shapes
 
         save_base_shapes(cfg)

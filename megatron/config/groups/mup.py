@@ -72,9 +72,14 @@ def read_base_shapes(
             if getattr(mup, key) != getattr(MuPConfig, key):
                 warn.append(f"{key}{set_in(sources, key)} has no effect without use_mup: true")
         return None
+    where = set_in(sources, "use_mup", "base_shapes_file")
+    if mup.save_base_shapes and not mup.base_shapes_file:
+        raise ConfigError(
+            f"save_base_shapes: true{set_in(sources, 'save_base_shapes')} needs "
+            f"base_shapes_file{where}: the path to write the base shapes to"
+        )
     if mup.save_base_shapes:
         return None
-    where = set_in(sources, "use_mup", "base_shapes_file")
     if not mup.base_shapes_file:
         raise ConfigError(
             f"use_mup: true needs base_shapes_file{where}: write it once with "

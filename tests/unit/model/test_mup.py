@@ -137,9 +137,18 @@ TINY = {
     [
         ({"use_mup": True}, "needs base_shapes_file"),
         ({"use_mup": True, "base_shapes_file": "/no/such.bsh"}, "does not exist"),
+        (
+            {"use_mup": True, "save_base_shapes": True},
+            r"save_base_shapes: true .* needs base_shapes_file",
+        ),
         ({"coord_check": True}, "tools/coord_check.py"),
         (
-            {"use_mup": True, "save_base_shapes": True, "optimizer": {"type": "Lion"}},
+            {
+                "use_mup": True,
+                "save_base_shapes": True,
+                "base_shapes_file": "base.bsh",
+                "optimizer": {"type": "Lion"},
+            },
             "optimizer.type 'Lion'",
         ),
     ],
