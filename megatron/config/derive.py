@@ -162,6 +162,13 @@ def derive_precision(cfg: Config, sources: dict[str, str], warn: list[str]):
             f"{_src(sources, 'precision', from_sections)}"
         )
     dtype = named or from_sections or "fp32"
+    fp16_type = str((pr.fp16 or {}).get("type", "fp16"))
+    if dtype == "fp16" and fp16_type.lower() not in ("fp16", "float16", "half"):
+        warn.append(
+            f"fp16.type '{fp16_type}'{_src(sources, 'fp16')} is ignored, as by GPT-NeoX's "
+            "DeepSpeed: this run trains in fp16; for bf16 set precision: bfloat16 (or a bf16 "
+            "section) in place of the fp16 section"
+        )
     p = cfg.parallel
     if dtype == "bf16" and p.pipe_parallel_size >= 1 and p.zero_stage == 0:
         warn.append(

@@ -32,9 +32,10 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         "zero_allow_untested_optimizer": p.zero_allow_untested_optimizer,
     }
     if pr.dtype == "fp16":
-        # GPT-NeoX's configs repeat `"fp16": true` inside the section; DeeperSpeed ignored it,
+        # GPT-NeoX's configs repeat `"fp16": true` inside the section, and some say a `type`;
+        # DeeperSpeed ignored both (derive_precision warns of a type other than fp16),
         # DeepSpeed 0.19 refuses a key its fp16 section does not know.
-        section = {k: v for k, v in (pr.fp16 or {}).items() if k != "fp16"}
+        section = {k: v for k, v in (pr.fp16 or {}).items() if k not in ("fp16", "type")}
         ds["fp16"] = {**section, "enabled": True}
     elif pr.dtype == "bf16":
         ds["bf16"] = {**(pr.bf16 or {}), "enabled": True}

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from megatron.config import deepspeed_config, load_config
 from megatron.config.config import KEY_TO_GROUP
@@ -69,6 +70,23 @@ def test_pythia_style_neox_config():
     from deepspeed.runtime.precision_config import get_float16_config
 
     assert get_float16_config(deepspeed_config(cfg)).initial_scale_power == 12
+
+
+def test_fp16_section_with_a_type_trains_in_fp16_as_in_gpt_neox(tmp_path):
+    """GPT-NeoX's pythia/1B.yml says `"type": "bfloat16"` inside its fp16 section; its
+    DeepSpeed ignores the key and trains in fp16. So does a run here, saying so, and the
+    section DeepSpeed gets is one DeepSpeed's own fp16 model accepts."""
+    from deepspeed.runtime.precision_config import get_float16_config
+
+    section = {"enabled": True, "type": "bfloat16", "auto_cast": True, "loss_scale": 0}
+    path = tmp_path / "pythia-1b-fp16.yml"
+    path.write_text(yaml.safe_dump({"fp16": section, "train_micro_batch_size_per_gpu": 1}))
+    warn: list[str] = []
+    cfg = load_config([path], world_size=1, vocab_size=50277, warn=warn)
+    assert cfg.precision.dtype == "fp16"
+    assert any("fp16.type 'bfloat16'" in w and "trains in fp16" in w for w in warn), warn
+    fp16 = get_float16_config(deepspeed_config(cfg))
+    assert fp16.enabled and fp16.auto_cast and fp16.loss_scale == 0
 
 
 def test_llama_style_neox_config():
