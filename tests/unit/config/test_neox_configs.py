@@ -80,7 +80,8 @@ def test_fp16_section_with_a_type_trains_in_fp16_as_in_gpt_neox(tmp_path):
 
     section = {"enabled": True, "type": "bfloat16", "auto_cast": True, "loss_scale": 0}
     path = tmp_path / "pythia-1b-fp16.yml"
-    path.write_text(yaml.safe_dump({"fp16": section, "train_micro_batch_size_per_gpu": 1}))
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+    path.write_text(yaml.safe_dump({**model, "fp16": section, "train_micro_batch_size_per_gpu": 1}))
     warn: list[str] = []
     cfg = load_config([path], world_size=1, vocab_size=50277, warn=warn)
     assert cfg.precision.dtype == "fp16"
