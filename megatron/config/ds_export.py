@@ -7,6 +7,7 @@ from typing import Any
 
 from megatron.config.config import Config
 from megatron.config.groups.deepspeed import PASSTHROUGH
+from megatron.config.groups.precision import LOSS_SCALING_KEYS
 from megatron.config.schema import ConfigError
 
 # With sequence parallelism and several pipeline stages, the activations passed between stages
@@ -38,7 +39,11 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         section = {k: v for k, v in (pr.fp16 or {}).items() if k not in ("fp16", "type")}
         ds["fp16"] = {**section, "enabled": True}
     elif pr.dtype == "bf16":
-        ds["bf16"] = {**(pr.bf16 or {}), "enabled": True}
+        # Likewise `"bf16": true` and fp16's loss-scaling keys in a bf16 section: GPT-NeoX's
+        # DeepSpeed ignored them there, and bf16 trains without loss scaling.
+        dropped = ("bf16", *LOSS_SCALING_KEYS)
+        section = {k: v for k, v in (pr.bf16 or {}).items() if k not in dropped}
+        ds["bf16"] = {**section, "enabled": True}
         if p.pipe_parallel_size >= 1 and p.zero_stage >= 1 and cfg.deepspeed.data_types is None:
             # The pipeline engine accumulates micro-batch gradients; do it in fp32 (DeepSpeed
             # 0.19 does so only through its ZeRO-1 bf16 optimizer; derive warns for stage 0).

@@ -20,6 +20,7 @@ from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.config.groups.parallel import validate_hpz
 from megatron.config.groups.post_training import validate_post_training
 from megatron.config.groups.rope_scaling import check_rope_scaling
+from megatron.config.neox.keys import SPARSE_ATTENTION_TYPES
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
 
@@ -90,9 +91,11 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     valid = ("global", "flash", "sdpa", MAMBA, "rwkv", *GMLP_TYPES)
     bad = sorted(set(m.layer_attention_types) - set(valid))
     if bad:
+        sparse = ", ".join(t for t in bad if t in SPARSE_ATTENTION_TYPES)
+        why = f" ({sparse}: DeepSpeed sparse attention, not built here)" if sparse else ""
         raise ConfigError(
             f"attention_config{_src(sources, 'attention_config')}: attention types {bad} are not "
-            f"supported; valid: {', '.join(repr(v) for v in valid)}"
+            f"supported{why}; valid: {', '.join(repr(v) for v in valid)}"
         )
     validate_gmlp(cfg, sources)
     validate_rpe(cfg, sources)

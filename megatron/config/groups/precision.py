@@ -7,6 +7,19 @@ from typing import Any, Literal
 
 from megatron.config.schema import derived
 
+# DeepSpeed's fp16 loss-scaling keys. GPT-NeoX's rwkv/170M.yml repeats them (and `"bf16": true`)
+# in its bf16 section, where GPT-NeoX's DeepSpeed ignored them; DeepSpeed 0.19's bf16
+# section refuses any key it does not know, so they are left out of it (bf16 trains without
+# loss scaling anyway).
+LOSS_SCALING_KEYS = (
+    "loss_scale",
+    "initial_scale_power",
+    "loss_scale_window",
+    "hysteresis",
+    "consecutive_hysteresis",
+    "min_loss_scale",
+)
+
 
 @dataclass(frozen=True)
 class PrecisionConfig:
@@ -19,7 +32,8 @@ class PrecisionConfig:
     `loss_scale_window`, `hysteresis`, `min_loss_scale`."""
 
     bf16: dict[str, Any] | None = None
-    """DeepSpeed bf16 section: `enabled`, ...."""
+    """DeepSpeed bf16 section: `enabled`, .... fp16's loss-scaling keys in it are ignored, as
+    GPT-NeoX's DeepSpeed ignored them (bf16 trains without loss scaling)."""
 
     fp32_allreduce: bool = False
     """All-reduce gradients in fp32."""

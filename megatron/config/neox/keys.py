@@ -106,6 +106,12 @@ def attention_types(value: Any) -> set[str]:
     return set()
 
 
+# GPT-NeoX's attention types built on DeepSpeed's block-sparse attention kernels
+# (`configure_sparse_attention`; `local` is its LocalSlidingWindowSparsityConfig), read with
+# `sparsity_config`. Not built here.
+SPARSE_ATTENTION_TYPES = ("local", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
+
+
 def _uses(*types: str) -> Callable[[Any], bool]:
     return lambda value: bool(attention_types(value) & set(types))
 
@@ -124,7 +130,7 @@ GATES: dict[str, Gate] = {
     ),
     "sparse": Gate(
         ("attention_config",),
-        _uses("sparse_fixed", "sparse_variable", "bigbird", "bslongformer"),
+        _uses(*SPARSE_ATTENTION_TYPES),
         "sparse attention types in attention_config",
     ),
 }
@@ -187,7 +193,13 @@ NEOX_KEYS: dict[str, NeoxKey] = {
     "layernorm_fusion": _none("fused layer norm kernel; the unfused one computes the same", False),
     "rmsnorm_fusion": _none("fused RMSNorm kernel; the unfused one computes the same", False),
     "opt_pos_emb_offset": _refused("OPT's learned-position offset is not built", 0),
-    "sparsity_config": _refused("sparse attention is not built", None, {}, gate="sparse"),
+    "sparsity_config": _refused(
+        "DeepSpeed sparse attention (attention types local, sparse_fixed, sparse_variable, "
+        "bigbird, bslongformer) is not built",
+        None,
+        {},
+        gate="sparse",
+    ),
     "num_unique_layers": _refused("layer sharing is not built", None),
     "param_sharing_style": _refused("layer sharing is not built", "grouped", gate="unique"),
     "use_cpu_initialization": _none(

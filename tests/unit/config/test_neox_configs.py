@@ -90,6 +90,17 @@ def test_fp16_section_with_a_type_trains_in_fp16_as_in_gpt_neox(tmp_path):
     assert fp16.enabled and fp16.auto_cast and fp16.loss_scale == 0
 
 
+def test_bf16_section_with_fp16_loss_scaling_keys_passes_deepspeed():
+    """GPT-NeoX's rwkv/170M.yml (kept unchanged as rwkv-170m-neox.yml) repeats `"bf16": true`
+    and fp16's loss-scaling keys in its bf16 section; GPT-NeoX's DeepSpeed ignored them, and
+    the section DeepSpeed 0.19 gets must be one its own bf16 model accepts."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    cfg = load_config([FIXTURES / "rwkv-170m-neox.yml"], world_size=1, vocab_size=50277, warn=[])
+    assert cfg.precision.bf16["loss_scale_window"] == 1000  # the file's section, as written
+    assert get_bfloat16_config(deepspeed_config(cfg)).enabled
+
+
 def test_llama_style_neox_config():
     cfg = load_config([FIXTURES / "llama-7b-neox.yml"], world_size=2, vocab_size=32000, warn=[])
     m = cfg.model

@@ -291,8 +291,17 @@ def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
         cfg = _load(write, f"attention_config: [[[{kind}], 2]]\n")
         assert cfg.model.layer_attention_types == (kind, kind)
     for kind in ("local", "sparse_fixed", "bigbird"):
-        with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'"):
+        with pytest.raises(ConfigError, match=f"attention_config.*run.yml.*'{kind}'") as err:
             _load(write, f"attention_config: [[[{kind}], 2]]\n")
+        assert f"{kind}: DeepSpeed sparse attention, not built" in str(err.value)
+
+
+def test_sparsity_config_with_local_attention_is_refused_not_ignored(write):
+    """GPT-NeoX's `local` type is DeepSpeed sparse attention configured by `sparsity_config`
+    (its configs/sparse.yml), so the key is not one without effect there."""
+    text = "attention_config: [[[local, global], 1]]\nsparsity_config: {block: 16}\n"
+    with pytest.raises(ConfigError, match="'sparsity_config' .*run.yml.*DeepSpeed sparse"):
+        _load(write, text)
 
 
 def test_every_run_choice_is_supported_or_refused():
