@@ -94,7 +94,8 @@ class NonFiniteSteps:
         signal): one all-reduce on the device, one read."""
         flags = [self._bad_here()]
         if self.stop is not None:
-            flags.append(torch.tensor(self.stop.received is not None, device=flags[0].device))
+            received = self.stop.received is not None  # a fill on the device, not a copy to it
+            flags.append(torch.full((), received, dtype=torch.bool, device=flags[0].device))
         agreed = all_reduce(torch.stack(flags).to(torch.int32), world_group(), op="max")
         bad, *stop = agreed.tolist()
         if self.stop is not None:
