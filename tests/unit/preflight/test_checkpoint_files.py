@@ -63,3 +63,15 @@ def test_our_old_numbering_is_refused_with_the_migration(tmp_path):
 def test_our_own_folder_still_passes(tmp_path):
     write(tmp_path, config(**UNTIED))
     assert levels(load_findings(tmp_path, **UNTIED)) == [OK]
+
+
+def test_a_zero3_folder_of_this_model_passes(tmp_path):
+    """DeepSpeed's ZeRO-3 save holds the module in partitioned `zero_pp_rank_*` files and
+    writes no `mp_rank_00_model_states.pt`: there is no module file to compare."""
+    keys = dict(pipe_parallel_size=0, zero_optimization={"stage": 3}, **UNTIED)
+    folder = write(tmp_path, config(**keys), pp=0)
+    (folder / "mp_rank_00_model_states.pt").rename(
+        folder / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    )
+    torch.save({}, folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert levels(load_findings(tmp_path, **keys)) == [OK]
