@@ -258,6 +258,8 @@ def _file_findings(layout, cfg: Config) -> list[Finding]:
     """The folder's weight files against the model the run builds (`checkpoint_files.py`)."""
     if cfg.moe.moe_num_experts > 1:  # each expert-parallel rank's files hold a slice
         return []
+    if layout.zero3:  # DeepSpeed's partitioned zero_pp_rank files; no module file to read
+        return []
     if is_old_numbering(layout.folder, layout.pipeline):
         problem = f"it is in {OLD_NUMBERING}, which the engine no longer loads"
         return [_layout_finding(layout, cfg, problem)]
