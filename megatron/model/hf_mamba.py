@@ -17,7 +17,7 @@ from __future__ import annotations
 from megatron.model.args import ModelArgs
 from megatron.model.hf_config import HF_CONFIGS, NO_MUP, HFConfigSpec, Rule, only
 from megatron.model.hf_names import HF_ARCHITECTURES, HFArchitecture
-from megatron.model.mamba import mamba_dt_rank, mamba_inner_size
+from megatron.model.mamba import D_CONV, D_STATE, mamba_dt_rank, mamba_inner_size
 
 MAMBA_TYPE = "mamba"
 MIXER = ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj")
@@ -68,8 +68,8 @@ def mamba_rules() -> dict[str, Rule]:
 def mamba_fields(args: ModelArgs) -> dict:
     return dict(
         expand=mamba_inner_size(args) // args.hidden_size,
-        state_size=16,
-        conv_kernel=4,
+        state_size=D_STATE,
+        conv_kernel=D_CONV,
         time_step_rank=mamba_dt_rank(args),
         use_bias=False,
         use_conv_bias=args.mamba_use_bias_in_conv,

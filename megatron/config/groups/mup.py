@@ -149,8 +149,6 @@ def validate_mup(cfg, sources: dict[str, str]) -> None:
         problems.append("ZeRO stage 3 (muP rescales the weights after they are built whole)")
     if cfg.post_training.train_impl == "rm":
         problems.append("train_impl: rm (muP's readout is built for the vocabulary head)")
-    if mup.save_base_shapes and not mup.base_shapes_file:
-        problems.append("save_base_shapes without base_shapes_file (the path to write)")
     if mup.mup_width_scale < 2:
         problems.append(f"mup_width_scale {mup.mup_width_scale} (must be >= 2)")
     if problems:
