@@ -154,12 +154,11 @@ class CheckpointIO:
     pinned: list[Path] = field(default_factory=list)
     """Checkpoint folders `keep_last_n` never deletes (a reference model's starting weights)."""
 
-    def _engine_save(self, tag: str, iteration: int) -> None:
-        """DeepSpeed's save, with GPT-NeoX's entries (`neox_files.py`); with `save_optim` off,
-        its optimizer states are left out (the weights of ZeRO 1/2 and of the plain engine are
-        in the module states)."""
+    def _engine_save(self, tag: str, iteration: int, rng: dict | None) -> None:
+        """DeepSpeed's save, with GPT-NeoX's entries (`neox_files.py`; `rng` this rank's
+        `rng_state`, None when not saved); with `save_optim` off, its optimizer states are left
+        out (the weights of ZeRO 1/2 and of the plain engine are in the module states)."""
         engine = self.engine
-        rng = rng_state(self.tracker) if self.save_rng else None
         extra = {"client_state": client_state(self.config_dict, iteration, rng)}
         if self.save_optim:
             with sequential_module_names(engine):
@@ -199,11 +198,12 @@ class CheckpointIO:
             (folder / COMPLETE).unlink(missing_ok=True)  # an old save's markers
             (folder / PERMANENT).unlink(missing_ok=True)
         _barrier()
-        self._engine_save(tag, iteration)
+        rng = rng_state(self.tracker) if self.save_rng else None
+        self._engine_save(tag, iteration, rng)
         if self.experts is not None:
             self.experts.save(folder, self.save_optim)
-        if self.save_rng:
-            torch.save(rng_state(self.tracker), folder / f"rng_state_rank{rank}.pt")
+        if rng is not None:
+            torch.save(rng, folder / f"rng_state_rank{rank}.pt")
         if self.save_optim:
             save_rank_state(self.engine.optimizer, folder, rank)
         if rank == 0:
@@ -245,7 +245,7 @@ class CheckpointIO:
         folder = Path(load_dir) / tag
         check_model_files(self.engine, folder)
         if not finetune and is_neox_checkpoint(folder):  # a run GPT-NeoX saved
-            tied = not (self.config_dict or {}).get("no_weight_tying", False)
+            tied = self.engine.module.args.tied_embeddings
             state = neox_resume_state(self.engine, folder, load_optim, tied)
         else:
             state = self._trainer_state(folder, required=not finetune)
