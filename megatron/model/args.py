@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from megatron.config.groups.model import ModelConfig, heads_split_hidden
+from megatron.config.groups.model import BLOCK_LAYER_TYPES, ModelConfig, heads_split_hidden
 from megatron.config.groups.moe import MoEConfig
 from megatron.config.groups.mup import MUP_MODEL_KEYS, MuPConfig
 from megatron.config.groups.parallel import ParallelConfig
@@ -138,6 +138,11 @@ class _ModelArgsMethods:
     def attention_type(self, layer_index: int) -> str:
         """Attention type of transformer layer `layer_index` (0-based)."""
         return self.layer_attention_types[layer_index] if self.layer_attention_types else "global"
+
+    def is_block_layer(self, layer_index: int) -> bool:
+        """Whether layer `layer_index` is a block of its own in place of attention and MLP
+        (`BLOCK_LAYER_TYPES`; it has no MLP to hold experts)."""
+        return self.attention_type(layer_index) in BLOCK_LAYER_TYPES
 
     @classmethod
     def from_config(cls, cfg):

@@ -109,7 +109,6 @@ def active_parameters(cfg) -> int:
     moe = sum(
         _mlp_parameters(args, i) - _mlp_parameters(args, i, active=True)
         for i in range(args.num_layers)
-        if args.attention_type(i) != "mamba"  # no MLP
     )
     return count_parameters(args) - moe
 

@@ -54,8 +54,13 @@ from megatron.parallel.mappings import (
 
 
 def is_moe_layer(args: ModelArgs, layer_index: int) -> bool:
-    """Whether transformer layer `layer_index` (0-based) has experts (GPT-NeoX's rule)."""
-    return args.moe_num_experts > 1 and layer_index % args.moe_expert_interval == 0
+    """Whether transformer layer `layer_index` (0-based) has experts (GPT-NeoX's rule; a
+    block layer such as `mamba` has no MLP for them)."""
+    return (
+        args.moe_num_experts > 1
+        and layer_index % args.moe_expert_interval == 0
+        and not args.is_block_layer(layer_index)
+    )
 
 
 def build_layer_mlp(args: ModelArgs, layer_index: int, tp_group=None, ep_group=None):

@@ -272,6 +272,11 @@ def recorded_intermediate_size(model: dict) -> int | None:
     return mlp_size(None, hidden)
 
 
+BLOCK_LAYER_TYPES = ("mamba", "rwkv", "gmlp", "amlp")
+"""`attention_config` types whose layer replaces a whole transformer layer, attention and MLP
+(`megatron/model/specs.py::BLOCK_LAYERS` builds them)."""
+
+
 def heads_split_hidden(layer_types: tuple[str, ...] | list[str]) -> bool:
     """Whether `num_attention_heads` must divide `hidden_size`: not when every layer is a
     `mamba` layer (no attention; GPT-NeoX's Mamba configs say 12 heads at hidden 1024)."""

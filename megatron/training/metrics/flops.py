@@ -156,11 +156,7 @@ class ModelShape:
             vocab_size=1 if args.value_head else args.vocab_size,
             mlp_inner_size=mlp_inner_size(args),
             gated_mlp=build_activation(args.activation).gated,
-            moe_layers=sum(
-                is_moe_layer(args, i)
-                for i in range(args.num_layers)
-                if args.attention_type(i) != "mamba"
-            ),
+            moe_layers=sum(is_moe_layer(args, i) for i in range(args.num_layers)),
             moe_num_experts=args.moe_num_experts,
             moe_top_k=args.moe_top_k,
             gated_experts=build_activation(args.activation).gated or args.moe_glu,

@@ -296,6 +296,14 @@ def test_every_attention_type_the_model_builds_resolves_and_no_other(write):
         assert f"{kind}: DeepSpeed sparse attention, not built" in str(err.value)
 
 
+def test_the_block_layer_types_are_the_layers_specs_builds_as_blocks():
+    """One list says which layers have no MLP (no experts there); specs.py builds them."""
+    from megatron.config.groups.model import BLOCK_LAYER_TYPES
+    from megatron.model.specs import BLOCK_LAYERS
+
+    assert set(BLOCK_LAYER_TYPES) == set(BLOCK_LAYERS)
+
+
 def test_sparsity_config_with_local_attention_is_refused_not_ignored(write):
     """GPT-NeoX's `local` type is DeepSpeed sparse attention configured by `sparsity_config`
     (its configs/sparse.yml), so the key is not one without effect there."""
