@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.config.groups.model import rwkv_ffn_dim
 from megatron.model.args import ModelArgs
 from megatron.model.rwkv_wkv import wkv6
 
@@ -53,7 +54,7 @@ def rwkv_widths(args: ModelArgs) -> tuple[int, int, int]:
             f"head_size {args.head_size} is not dim_att / num_attention_heads = {head_size}; "
             "leave it unset (it is computed)"
         )
-    ffn_dim = args.ffn_dim or (args.intermediate_size or int(3.5 * args.hidden_size)) // 32 * 32
+    ffn_dim = rwkv_ffn_dim(args.ffn_dim, args.intermediate_size, args.hidden_size)
     if ffn_dim < 1:
         raise ValueError(f"RWKV ffn_dim {ffn_dim} must be positive; set ffn_dim")
     return dim_att, head_size, ffn_dim

@@ -10,6 +10,7 @@ too) must fit the heads.
 from __future__ import annotations
 
 from megatron.config.config import Config
+from megatron.config.groups.model import rwkv_ffn_dim
 from megatron.config.schema import ConfigError
 from megatron.config.schema import set_in as _src
 
@@ -68,8 +69,14 @@ def validate_rwkv(cfg: Config, sources: dict[str, str]) -> None:
             f"num_attention_heads = {dim_att // heads}; remove it (it is computed) or change "
             "dim_att"
         )
-    if m.ffn_dim is not None and m.ffn_dim < 1:
+    ffn_dim = (
+        m.ffn_dim
+        if m.ffn_dim is not None
+        else rwkv_ffn_dim(None, m.intermediate_size, m.hidden_size)
+    )
+    if ffn_dim < 1:
         raise ConfigError(
-            f"ffn_dim{_src(sources, 'ffn_dim')} must be positive or null (intermediate_size, "
-            f"else 3.5 × hidden_size, rounded down to a multiple of 32), got {m.ffn_dim}"
+            f"ffn_dim{_src(sources, 'ffn_dim', 'intermediate_size', 'hidden_size')} must be "
+            "positive or null (intermediate_size, else 3.5 × hidden_size, rounded down to a "
+            f"multiple of 32), got {ffn_dim}"
         )

@@ -277,6 +277,12 @@ BLOCK_LAYER_TYPES = ("mamba", "rwkv", "gmlp", "amlp")
 (`megatron/model/specs.py::BLOCK_LAYERS` builds them)."""
 
 
+def rwkv_ffn_dim(ffn_dim: int | None, intermediate_size: int | None, hidden_size: int) -> int:
+    """The channel-mix width of `rwkv` layers: `ffn_dim`, else `intermediate_size` or 3.5 ×
+    `hidden_size` rounded down to a multiple of 32 (GPT-NeoX's rule)."""
+    return ffn_dim or (intermediate_size or int(3.5 * hidden_size)) // 32 * 32
+
+
 def heads_split_hidden(layer_types: tuple[str, ...] | list[str]) -> bool:
     """Whether `num_attention_heads` must divide `hidden_size`: not when every layer is a
     `mamba` layer (no attention; GPT-NeoX's Mamba configs say 12 heads at hidden 1024)."""

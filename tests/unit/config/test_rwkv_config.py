@@ -60,6 +60,7 @@ def test_what_rwkv_layers_cannot_run_with_is_refused(write, text, world_size, ke
         ("dim_att: 66\n", "dim_att 66 .*must be a positive multiple of num_attention_heads 4"),
         ("head_size: 8\n", "head_size 8 .*is not dim_att / num_attention_heads = 16"),
         ("ffn_dim: 0\n", "ffn_dim .*must be positive or null"),
+        ("intermediate_size: 16\n", "ffn_dim .*must be positive or null.*got 0"),
     ],
 )
 def test_rwkv_widths_are_checked(write, text, message):
