@@ -3,8 +3,10 @@ of one model at several widths for a few Adam steps from the same data, and reco
 of the activations (mean |x| per coordinate) after each step. Under muP they stay flat as
 the width grows; under the standard parametrisation they grow with it.
 
-`coord_data` returns `{width: {module: [size after step 1, 2, ...]}}` for the embedding,
-each transformer layer and the logits; `tools/coord_check.py` plots it.
+`coord_data` returns `{width: {module: [size after step 1, 2, ...]}}` for the model's
+modules by GPT-NeoX's layer index (`layer 2` .. `layer L+1` the transformer layers, `layer
+L+3` the final norm; with tied embeddings the embedding module is not hooked, as the output
+head calls it too) and the logits; `tools/coord_check.py` plots it.
 """
 
 from __future__ import annotations
