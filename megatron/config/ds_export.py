@@ -15,6 +15,11 @@ from megatron.config.schema import ConfigError
 # (and later reassemble) them again as if they were replicated.
 PIPELINE_SP_SECTION = {"pipe_partitioned": False, "grad_partitioned": False}
 
+# DeepSpeed's throughput timer (on by default) synchronises the device at the start and the end
+# of every micro-batch of the plain engine, for a samples/s figure it prints at `steps_per_print`
+# and we do not use: the trainer's own monitor times whole steps without a synchronisation.
+NO_THROUGHPUT_TIMER = {"throughput": {"enabled": False}}
+
 
 def deepspeed_config(cfg: Config) -> dict[str, Any]:
     """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args.
@@ -63,4 +68,5 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
                 f"(value {ds[key]!r}); set it in one place only"
             )
         ds[key] = copy.deepcopy(value)
+    ds.setdefault("timers", copy.deepcopy(NO_THROUGHPUT_TIMER))  # unless a section sets one
     return ds

@@ -1,11 +1,11 @@
 """The common training step reads one value back from the device: the non-finite flag.
 
 On a GPU every read of a device value on the host (`.item()`, `float()`, `bool()`,
-`.tolist()`) waits for the device to finish all the work queued before it, so a step that reads
-more than it must stalls the device as often. These tests count the reads (every one goes
-through `aten::_local_scalar_dense`, or `Tensor.tolist`) while the real trainer steps, on both
-DeepSpeed engines at fp32 (the path where our own guard computes the gradient norm), and while
-the training loop logs every few steps: a step that does not log adds none
+`.tolist()`, an op whose output size depends on the values) waits for the device to finish all
+the work queued before it, so a step that reads more than it must stalls the device as often.
+These tests count the reads (`tests/device_costs.py::HostReads`) while the real trainer
+steps, on both DeepSpeed engines at fp32 (the path where our own guard computes the gradient
+norm), and while the training loop logs every few steps: a step that does not log adds none
 (`docs/performance.md` lists what each step reads and why). With one data-parallel replica
 the steps also copy no gradient into a flat buffer (DeepSpeed's all-reduce over a group of one,
 the identity, is switched off).
@@ -17,38 +17,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.device_costs import HostReads
 from tests.distributed import run_distributed
 from tests.tiny import resolve, tiny_settings
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the reads of tensor values on the host while active, but for the tensors in
-    `exempt` (torch's optimizers keep their step counters on the host on every device, so
-    reading them waits for nothing)."""
-
-    def __init__(self, exempt=()):
-        super().__init__()
-        self.exempt = {t.data_ptr() for t in exempt}
-
-    def __enter__(self):
-        self.count = 0
-        tolist = self._tolist = torch.Tensor.tolist
-
-        def counted(tensor, *args, **kwargs):
-            self.count += 1
-            return tolist(tensor, *args, **kwargs)
-
-        torch.Tensor.tolist = counted
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._tolist
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += args[0].data_ptr() not in self.exempt
-        return func(*args, **(kwargs or {}))
 
 
 class FlatGradients(TorchDispatchMode):

@@ -1,0 +1,138 @@
+"""Counters that make a GPU's costs visible on a CPU: the one kind of such counter in the tests.
+
+On a GPU, every op whose result's size or value the host needs waits for the device to finish
+all the work queued before it. On a CPU nothing waits, so a test cannot see the cost; it can
+count the ops. `HostReads` counts, while active, each op that on a GPU would synchronise the
+host with the device:
+
+- `aten._local_scalar_dense`: `.item()`, `float()`, `int()`, `bool()`, `if t:`;
+- `Tensor.tolist()` and `Tensor.numpy()` (patched: they do not dispatch);
+- ops whose output size depends on the values: `nonzero`/`argwhere`/`where(mask)`,
+  `masked_select`, boolean-mask indexing (`x[mask]`, `x[mask] = v`), `unique*`,
+  `repeat_interleave` without `output_size`;
+- `bincount` (its CUDA kernel reads the input's range back), `equal`;
+- the accelerator's `synchronize()` (DeepSpeed's `get_accelerator()` and `torch.cuda`).
+
+Tensors that live on the host on every device (torch's optimizers keep their step counters
+there) are named in `exempt` and not counted. Each read is recorded with the first frame
+outside torch and this file (`where`), so a failing test names the line that read.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# ops that read a device value back to the host (or size their output by the values)
+_READS = {
+    aten._local_scalar_dense.default: "item",
+    aten.nonzero.default: "nonzero",
+    aten.masked_select.default: "masked_select",
+    aten._unique.default: "unique",
+    aten._unique2.default: "unique",
+    aten.unique_dim.default: "unique",
+    aten.unique_consecutive.default: "unique",
+    aten.bincount.default: "bincount",
+    aten.equal.default: "equal",
+}
+_INDEX_OPS = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
+_SKIP_FILES = (__file__, "/torch/", "/contextlib.py")
+
+
+def _is_mask(index) -> bool:
+    return torch.is_tensor(index) and index.dtype in (torch.bool, torch.uint8)
+
+
+def read_kind(func, args, kwargs) -> str | None:
+    """The kind of host read `func(*args, **kwargs)` makes on a GPU, or None."""
+    if func in _READS:
+        return _READS[func]
+    if func in _INDEX_OPS and any(_is_mask(i) for i in (args[1] or ()) if i is not None):
+        return "mask_index"
+    if func is aten.repeat_interleave.Tensor or func is aten.repeat_interleave.self_Tensor:
+        output_size = kwargs.get("output_size") if kwargs else None
+        return "repeat_interleave" if output_size is None else None
+    return None
+
+
+def caller() -> str:
+    """`file:line` of the innermost frame outside torch and this module."""
+    for frame in reversed(traceback.extract_stack()):
+        if not any(part in frame.filename for part in _SKIP_FILES):
+            return f"{frame.filename.rsplit('/megatron/', 1)[-1]}:{frame.lineno}"
+    return "?"
+
+
+class HostReads(TorchDispatchMode):
+    """Counts, while active, the host reads and device synchronisations a GPU would pay.
+
+    `count`: how many; `kinds`: a Counter by kind; `where`: a Counter by `file:line` of the
+    reading code. `exempt`: tensors that live on the host on every device (not counted).
+    """
+
+    def __init__(self, exempt=()):
+        super().__init__()
+        self.exempt = {t.data_ptr() for t in exempt}
+
+    def _count(self, kind: str) -> None:
+        self.count += 1
+        self.kinds[kind] += 1
+        self.where[f"{kind} {caller()}"] += 1
+
+    def __enter__(self):
+        self.count = 0
+        self.kinds, self.where = collections.Counter(), collections.Counter()
+        self._patched = []
+        for name in ("tolist", "numpy"):
+            self._patch(torch.Tensor, name, name)
+        self._patch(torch.cuda, "synchronize", "synchronize")
+        accelerator = _deepspeed_accelerator()
+        if accelerator is not None:
+            self._patch(accelerator, "synchronize", "synchronize")
+        return super().__enter__()
+
+    def _patch(self, owner, name: str, kind: str) -> None:
+        original = getattr(owner, name)
+        mode = self
+
+        def counted(*args, **kwargs):
+            mode._count(kind)
+            return original(*args, **kwargs)
+
+        self._patched.append((owner, name, owner.__dict__.get(name), original))
+        setattr(owner, name, counted)
+
+    def __exit__(self, *exc):
+        for owner, name, own, _ in reversed(self._patched):
+            if own is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = read_kind(func, args, kwargs)
+        if kind == "item" and args[0].data_ptr() in self.exempt:
+            kind = None
+        if kind is not None:
+            self._count(kind)
+        return func(*args, **(kwargs or {}))
+
+    def report(self) -> str:
+        """The reads by place, most first: for a failing assertion's message."""
+        return ", ".join(f"{where} x{n}" for where, n in self.where.most_common())
+
+
+def _deepspeed_accelerator():
+    """DeepSpeed's accelerator object, where DeepSpeed is imported already (None otherwise)."""
+    if "deepspeed" not in sys.modules:
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator()
