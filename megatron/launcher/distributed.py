@@ -4,8 +4,9 @@
 `distributed_backend: nccl` (GPT-NeoX's default, which its configs spell out and so cannot be
 told from a choice) runs on a CPU-only machine on gloo without a warning on every run; the
 start-up report names the backend in use, and `--verbose` logs the fallback. It reads the
-variables `setup_distributed_env()` exported, pins the CUDA device to LOCAL_RANK under
-NCCL, and is idempotent: a second call, or a call after someone else initialised
+variables `setup_distributed_env()` exported, pins the CUDA device (`pin_device`: LOCAL_RANK,
+or 0 when a process sees one GPU, LOCAL_RANK then set to 0 so that DeepSpeed agrees), and is
+idempotent: a second call, or a call after someone else initialised
 `torch.distributed`, returns the backend in use. On CPU it then removes the names of
 DeepSpeed's shared-memory buffers (`shm_buffers.py`), which DeepSpeed itself leaves behind.
 """
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("nccl", "gloo", "mpi", "ccl")
 _REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+NODE_LOCAL_RANK = "MEGATRON_NODE_LOCAL_RANK"
 
 
 def choose_backend(backend: str | None, cuda_available: bool) -> str:
@@ -40,6 +42,51 @@ def choose_backend(backend: str | None, cuda_available: bool) -> str:
         logger.info("distributed_backend: nccl needs CUDA and none is available; using gloo")
         return "gloo"
     return name
+
+
+def device_index(local_rank: int, device_count: int) -> int:
+    """This process's GPU by DeepSpeed's rule, `cuda:LOCAL_RANK` (its process group, engine,
+    `PipelineModule` and ZeRO-3 each place on `device_name(LOCAL_RANK)`), or device 0 when the
+    process sees one GPU only (SLURM's `--gpus-per-task=1`): that one is its own. With more
+    than one but not LOCAL_RANK+1 visible, which one is ours cannot be told: refused."""
+    if local_rank < device_count:
+        return local_rank
+    if device_count == 1:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    raise WorkerEnvironmentError(
+        f"LOCAL_RANK={local_rank}, but this process sees {device_count} GPUs "
+        f"(CUDA_VISIBLE_DEVICES={visible}): DeepSpeed puts local rank N on cuda:N. Let every "
+        "process see all of its node's GPUs, or exactly one (SLURM: --gpus-per-task=1)"
+    )
+
+
+def node_local_rank() -> int:
+    """This process's index among its node's processes (LOCAL_RANK as the launcher set it,
+    before `pin_device` made it the device index)."""
+    return int(os.environ.get(NODE_LOCAL_RANK) or os.environ.get("LOCAL_RANK") or 0)
+
+
+def pin_device() -> int:
+    """Set this process's CUDA device (`device_index`) and make LOCAL_RANK name it, which is
+    what DeepSpeed reads as the device ("local rank (= GPU device ID)", `dist.get_local_rank`);
+    the launcher's value stays in NODE_LOCAL_RANK (`node_local_rank`). Returns the index."""
+    import torch
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = device_index(local_rank, torch.cuda.device_count())
+    if device != local_rank:
+        if "OMPI_COMM_WORLD_LOCAL_RANK" in os.environ:  # DeepSpeed asserts they are equal
+            raise WorkerEnvironmentError(
+                f"OMPI_COMM_WORLD_LOCAL_RANK={local_rank} with one visible GPU per process: "
+                "DeepSpeed requires LOCAL_RANK to equal it, and LOCAL_RANK must be the device "
+                "(0); under OpenMPI let every process see all of its node's GPUs"
+            )
+        os.environ[NODE_LOCAL_RANK] = str(local_rank)
+        os.environ["LOCAL_RANK"] = str(device)
+        logger.info("one visible GPU: local rank %d runs on cuda:0 (LOCAL_RANK=0)", local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 def init_distributed(backend: str | None = None, *, timeout_minutes: float | None = None) -> str:
@@ -77,8 +124,8 @@ def init_distributed(backend: str | None = None, *, timeout_minutes: float | Non
             "worker with deepy.py"
         )
     name = choose_backend(backend, cuda)
-    if name == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    if cuda:
+        pin_device()
     kwargs = {}
     if timeout_minutes is not None:
         kwargs["timeout"] = timedelta(minutes=timeout_minutes)
