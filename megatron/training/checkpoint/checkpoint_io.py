@@ -4,8 +4,8 @@ Layout of `{save}/global_step{N}/`:
 
     DeepSpeed's files         model (and, unless ZeRO, optimizer) states; ZeRO optimizer shards
     trainer_state.pt          iteration, consumed samples, LR scheduler, skipped-step counts
-    rng_state_rank{R}.pt      Python, NumPy, torch (CPU and CUDA) and tensor-parallel RNG of
-                              every global rank R
+    rng_state_rank{R}.pt      Python, NumPy, torch (CPU and its own CUDA device) and
+                              tensor-parallel RNG of every global rank R
     optimizer_rank_state_{R}.pt   an optimizer's per-rank state (Distro's local momenta),
                               which DeepSpeed's rank-0 optimizer file cannot hold
     expert_states_pp{P}_ep{E}.pt  the experts (and their optimizer state) of expert-parallel
@@ -53,6 +53,7 @@ from megatron.checkpoint.neox_resume import is_neox_checkpoint
 from megatron.checkpoint.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 from megatron.checkpoint.size import free_bytes_at
 from megatron.config.verbosity import quiet_deepspeed
+from megatron.launcher.distributed import node_local_rank
 from megatron.training.checkpoint.disk_space import ensure_room, stop_on_failure
 from megatron.training.checkpoint.load_checks import check_model_files, neox_resume_state
 from megatron.training.checkpoint.neox_files import (
@@ -105,25 +106,44 @@ def _fix_zero3_universal_load(engine, folder: Path) -> None:
 
 
 def rng_state(tracker=None) -> dict[str, Any]:
-    """Every random stream of this process (`tracker`: the tensor-parallel RNG tracker)."""
+    """Every random stream of this process (`tracker`: the tensor-parallel RNG tracker). The
+    CUDA stream is that of this process's device alone: the only one it draws from, and one
+    that loads where a process sees fewer devices than at save."""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
         "tracker": tracker.get_states() if tracker is not None else None,
     }
     return state
 
 
 def set_rng_state(state: dict[str, Any], tracker=None) -> None:
+    """Restore `rng_state`'s streams; the CUDA one onto this process's device, whatever
+    devices it sees (one per process under SLURM's `--gpus-per-task=1`)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(_own_cuda_state(state["cuda"]))
     if tracker is not None and state.get("tracker") is not None:
         tracker.set_states(state["tracker"])
+
+
+def _own_cuda_state(saved: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """The saving process's own device state. Checkpoints from before held a list, one state
+    per device the process saw (`get_rng_state_all`): the process drew on one of them only,
+    so every other entry still holds the state `torch.manual_seed` gave all devices. The one
+    entry that differs from the rest is the drawn one; when none or several stand out (all
+    identical: any is right; two devices: both differ), the entry of the device the old code
+    chose, `LOCAL_RANK % device_count`, with this process's node-local rank."""
+    if torch.is_tensor(saved):
+        return saved
+    odd = [s for s in saved if sum(torch.equal(s, other) for other in saved) == 1]
+    if len(odd) == 1:
+        return odd[0]
+    return saved[node_local_rank() % len(saved)]
 
 
 def _rank() -> int:

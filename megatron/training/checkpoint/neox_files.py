@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 from deepspeed.runtime.pipe.module import PipelineModule
 
 from megatron.checkpoint.model_files import migration
@@ -70,8 +69,8 @@ def client_state(config_dict: dict | None, iteration: int, rng: dict | None) -> 
             torch_rng_state=rng["torch"],
             rng_tracker_states=rng["tracker"],
         )
-        if rng["cuda"] is not None:  # GPT-NeoX keeps its own device's state only
-            out["cuda_rng_state"] = rng["cuda"][torch.cuda.current_device()]
+        if rng["cuda"] is not None:  # its own device's state only, as GPT-NeoX keeps
+            out["cuda_rng_state"] = rng["cuda"]
     return out
 
 
