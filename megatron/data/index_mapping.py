@@ -13,8 +13,9 @@ The padded packings (`pack_impl: pack_until_overflow | unpacked`) build the same
 by the rules of `packing.py`. The files are keyed by the `pack_impl` (in the name, as GPT-NeoX
 names them) and a hash of everything that shapes them, written under temporary names and
 renamed, and built by one rank (per node when nodes do not share a file system) while the
-others wait at a barrier. The hash covers sizes, not label values (reading every label would
-slow every start): relabelled data of the same sizes needs its index files deleted.
+others poll for them (`wait_for_index`: no collective, whose timeout a long build would hit).
+The hash covers sizes, not label values (reading every label would slow every start):
+relabelled data of the same sizes needs its index files deleted.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ import numpy as np
 
 from megatron.data.index_helpers import index_helpers
 from megatron.data.packing import DocumentRules, padded_packing
+from megatron.launcher.distributed import node_local_rank
 
 logger = logging.getLogger(__name__)
 
 # Bump when the arrays' meaning changes, so stale caches are never reused.
 INDEX_FORMAT_VERSION = 1
 KINDS = ("doc_idx", "sample_idx", "shuffle_idx")
+# How long a rank waits for another to build an index: far beyond any build (GPT-NeoX's
+# Pile index takes minutes), independent of the collective timeout.
+INDEX_WAIT_LIMIT_S = 3 * 3600.0
+_POLL_S = 0.5
 
 
 def num_epochs_needed(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
@@ -111,11 +117,35 @@ def _distributed():
 
 
 def _is_builder(dist, use_shared_fs: bool) -> bool:
+    """Global rank 0, or without a shared file system the first process of each node (its
+    launcher's LOCAL_RANK: `node_local_rank`, which one visible GPU per process leaves)."""
     if dist is None:
         return True
     if use_shared_fs:
         return dist.get_rank() == 0
-    return int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
+    return node_local_rank() == 0
+
+
+def wait_for_index(paths: dict[str, Path], limit_s: float | None = None) -> None:
+    """Until the building rank has renamed every file into place. The file system is polled,
+    not a collective barrier waited at: a first build of a large corpus may outlast the
+    process group's timeout (`distributed_timeout_minutes`, 10 by default), which would end
+    every rank. Logs every minute; raises TimeoutError after `limit_s` (INDEX_WAIT_LIMIT_S).
+    A builder that fails ends the job through the launcher, which stops every worker."""
+    limit_s = INDEX_WAIT_LIMIT_S if limit_s is None else limit_s
+    start = logged = time.monotonic()
+    while not all(p.is_file() for p in paths.values()):
+        waited = time.monotonic() - start
+        if waited > limit_s:
+            raise TimeoutError(
+                f"{paths['doc_idx'].name} not built by another rank within {limit_s:.0f} s. If "
+                "the nodes do not share a file system, set `use_shared_fs: false` so that each "
+                "node builds its own."
+            )
+        if time.monotonic() - logged >= 60:
+            logger.info("waiting %.0f s for another rank to build %s", waited, paths["doc_idx"])
+            logged = time.monotonic()
+        time.sleep(_POLL_S)
 
 
 def _build_and_save(paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed):
@@ -177,10 +207,10 @@ def build_index_mappings(
 ) -> IndexMappings:
     """Load the cached index arrays for this split, building them first when missing.
 
-    Collective when torch.distributed is initialised: every rank must call it in the same
-    order. `cache_prefix` is the data prefix (files go beside the data) or a path in
-    `data_cache_path`. A padded `pack_impl` needs the split's `rules` (packing.py). Raises
-    ValueError naming the split when it has too few tokens.
+    With torch.distributed initialised one rank builds and the others wait for its files
+    (`wait_for_index`), without a collective. `cache_prefix` is the data prefix (files go
+    beside the data) or a path in `data_cache_path`. A padded `pack_impl` needs the split's
+    `rules` (packing.py). Raises ValueError naming the split when it has too few tokens.
     """
     documents = np.asarray(documents, dtype=np.int32)
     doc_sizes = _doc_sizes(sizes, documents)
@@ -204,28 +234,13 @@ def build_index_mappings(
     key = cache_key(doc_sizes, documents, num_samples, seq_length, seed, hashed)
     paths = _index_paths(name, cache_prefix, num_samples, seq_length, seed, pack_impl, rules, key)
 
-    dist = _distributed()
-    built = _is_builder(dist, use_shared_fs) and not all(p.is_file() for p in paths.values())
-    error = None
-    if built:
-        try:
-            if packing is None:
-                _build_and_save(
-                    paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed
-                )
-            else:
-                _build_padded_and_save(paths, packing, rules, num_samples, seed)
-        except BaseException as e:  # reach the barrier anyway, or the other ranks hang there
-            error = e
-    if dist is not None:
-        dist.barrier()
-    if error is not None:
-        raise error
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"index files missing after the building rank finished: {missing}. If the nodes do "
-            "not share a file system, set `use_shared_fs: false` so each node builds its own."
-        )
+    builder = _is_builder(_distributed(), use_shared_fs)
+    built = builder and not all(p.is_file() for p in paths.values())
+    if built and packing is None:
+        _build_and_save(paths, sizes, documents, num_epochs, tokens_per_epoch, seq_length, seed)
+    elif built:
+        _build_padded_and_save(paths, packing, rules, num_samples, seed)
+    elif not builder:
+        wait_for_index(paths)
     arrays = load_index_mappings(paths)
     return IndexMappings(num_epochs=num_epochs, paths=paths, built=built, **arrays)
