@@ -89,6 +89,19 @@ def pin_device() -> int:
     return device
 
 
+def refuse_node_local_storage(ds_config: dict) -> None:
+    """DeepSpeed's `checkpoint.use_node_local_storage` writes a node's files from its local
+    rank 0: after `pin_device` made every process local rank 0 (one GPU each), all of them
+    would write the same files at once. Refused with the reason."""
+    moved = node_local_rank() != int(os.environ.get("LOCAL_RANK") or 0)
+    if moved and (ds_config.get("checkpoint") or {}).get("use_node_local_storage"):
+        raise WorkerEnvironmentError(
+            "checkpoint.use_node_local_storage with one visible GPU per process: LOCAL_RANK "
+            "is 0 on every process (the device DeepSpeed uses), so every process of a node "
+            "would write its checkpoint files; drop the key or let each process see all GPUs"
+        )
+
+
 def init_distributed(backend: str | None = None, *, timeout_minutes: float | None = None) -> str:
     """Initialise torch.distributed through `deepspeed.init_distributed`; return the backend.
 

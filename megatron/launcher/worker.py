@@ -17,9 +17,11 @@ import torch.distributed as dist
 
 def initialize_distributed(cfg):
     """Join (or reuse) the process group and build the `ParallelTopology`."""
+    from megatron.config.ds_export import deepspeed_config
     from megatron.kernels.build_locks import watch_lock_waits
     from megatron.kernels.deepspeed_ops import announce_jit_builds
     from megatron.launcher import init_distributed, setup_distributed_env
+    from megatron.launcher.distributed import refuse_node_local_storage
     from megatron.launcher.peers import record_peers
     from megatron.parallel import ParallelTopology
 
@@ -32,6 +34,7 @@ def initialize_distributed(cfg):
         cfg.parallel.distributed_backend,
         timeout_minutes=cfg.parallel.distributed_timeout_minutes,
     )
+    refuse_node_local_storage(deepspeed_config(cfg))
     record_peers(os.environ.get("MASTER_ADDR", "127.0.0.1"))  # to name a rank that dies
     set_cpu_threads()
     return ParallelTopology.from_config(cfg)

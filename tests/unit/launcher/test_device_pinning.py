@@ -15,7 +15,12 @@ import torch
 import torch.distributed as dist
 
 from megatron.launcher import WorkerEnvironmentError, init_distributed
-from megatron.launcher.distributed import NODE_LOCAL_RANK, device_index, node_local_rank
+from megatron.launcher.distributed import (
+    NODE_LOCAL_RANK,
+    device_index,
+    node_local_rank,
+    refuse_node_local_storage,
+)
 
 
 def test_device_is_the_local_rank_when_visible_else_the_only_one():
@@ -76,3 +81,18 @@ def test_openmpi_with_one_visible_gpu_is_refused(gpus, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
     with pytest.raises(WorkerEnvironmentError, match="OMPI_COMM_WORLD_LOCAL_RANK=3"):
         init_distributed("nccl")
+
+
+def test_node_local_storage_with_one_gpu_per_process_is_refused(gpus):
+    gpus(count=1, local_rank=3)
+    init_distributed("nccl")
+    config = {"checkpoint": {"use_node_local_storage": True}}
+    with pytest.raises(WorkerEnvironmentError, match="use_node_local_storage"):
+        refuse_node_local_storage(config)
+    refuse_node_local_storage({})
+
+
+def test_node_local_storage_with_every_gpu_visible_is_left_alone(gpus):
+    gpus(count=8, local_rank=3)
+    init_distributed("nccl")
+    refuse_node_local_storage({"checkpoint": {"use_node_local_storage": True}})
