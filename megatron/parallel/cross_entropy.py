@@ -15,10 +15,10 @@ Targets must be token ids (below the true vocabulary, see below); masking unwant
 of the loss is the caller's job (multiply the per-token loss by a loss mask).
 
 Vocabulary padding: with `vocab_size` (the tokenizer's, below the padded `V`), the logit
-columns from it on are no tokens. They are masked out (`-inf` before the softmax), so the loss
-is the true vocabulary's whatever the padding (the same at tp 1 and tp 2, where the padding
-differs), label smoothing averages over the true vocabulary, and their gradient is exactly
-zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
+columns from it on are no tokens. They are left out (every pass reads the token columns only),
+so the loss is the true vocabulary's whatever the padding (the same at tp 1 and tp 2, where the
+padding differs), label smoothing averages over the true vocabulary, and their gradient is
+exactly zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
 from host integers: no extra collective or synchronisation. GPT-NeoX lets the padding columns
 take probability mass; this departs from it on purpose.
 
@@ -47,16 +47,6 @@ def token_columns(vocab_per_rank: int, tp_group=None, vocab_size: int | None = N
         return vocab_per_rank
     start = group_rank(tp_group) * vocab_per_rank
     return min(vocab_per_rank, max(0, vocab_size - start))
-
-
-def mask_padding(logits: torch.Tensor, tp_group=None, vocab_size: int | None = None):
-    """This rank's vocabulary slice `(..., V/tp)` with the padding columns at -inf: `logits`
-    itself when the slice holds none, else a new tensor (whose gradient there is zero)."""
-    real = token_columns(logits.shape[-1], tp_group, vocab_size)
-    if real == logits.shape[-1]:
-        return logits
-    padding = torch.arange(logits.shape[-1], device=logits.device) >= real
-    return logits.masked_fill(padding, float("-inf"))
 
 
 CHUNK_BYTES = {"cpu": 4 << 20}
@@ -130,6 +120,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # One all-reduce for the per-token sums (target logit, sum exp[, sum z]): (2|3, tokens).
         sums = all_reduce(torch.stack(sums), group)
         log_sum = sums[1].log()
+        lse = shift + log_sum  # logsumexp of the (true vocabulary's) logits, per token
         loss = log_sum - sums[0]
         if label_smoothing:
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (
@@ -139,20 +130,21 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if keep is not None:  # softmax = keep * exp(m_r - M) / sum exp(x - M)
             kept = logits if consume else keep  # (the logits, not a view made here)
             ctx.save_for_backward(kept, rescale.div_(sums[1]), local_target, outside)
-        else:  # softmax = exp(x - lse), lse = M + log sum exp(x - M)
-            ctx.save_for_backward(logits, shift + log_sum, local_target, outside)
+        else:  # softmax = exp(x - lse)
+            ctx.save_for_backward(logits, lse, local_target, outside)
         ctx.kept, ctx.real, ctx.shape = keep is not None, real, logits.shape
         ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
         ctx.backward_done, ctx.consume = False, consume
+        ctx.set_materialize_grads(False)  # (an unused output's gradient stays None)
+        outputs = (loss.view(target.shape), lse.view(target.shape))
         if consume:  # the overwritten logits come back as an output with no gradient
             ctx.mark_dirty(logits)
-            ctx.set_materialize_grads(False)  # (else autograd would fill a zero gradient)
-            return loss.view(target.shape), logits
-        return loss.view(target.shape)
+            return (*outputs, logits)
+        return outputs
 
     @staticmethod
-    def backward(ctx, grad_loss, *_consumed_logits):
-        if grad_loss is None:  # only the consumed logits reached the loss: no gradient here
+    def backward(ctx, grad_loss, grad_lse, *_consumed_logits):
+        if grad_loss is None and grad_lse is None:  # only the consumed logits were used
             return None, None, None, None, None, None
         if ctx.backward_done:
             raise RuntimeError(
@@ -165,11 +157,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         eps, real, dtype = ctx.label_smoothing, ctx.real, row_values.dtype
         # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V (V the true
         # vocabulary; the padding columns stay 0: no gradient), times the loss's gradient;
-        # in fp32 (fp64), cast once to the logits' dtype.
-        scale = grad_loss.reshape(-1).to(dtype)
+        # d lse / d z = softmax, times the logsumexp's gradient (the z-loss's 2 z lse): one
+        # softmax term for both. In fp32 (fp64), cast once to the logits' dtype.
+        scale = row_values.new_zeros(x.shape[0]) if grad_loss is None else grad_loss.reshape(-1)
+        scale = scale.to(dtype)
+        soft = scale if grad_lse is None else scale + grad_lse.reshape(-1).to(dtype)
         onehot = ((1.0 - eps) * (~outside).to(dtype)).mul_(scale)
         if ctx.kept:
-            grad, factor = x, row_values * scale  # the buffer of exp(x - m_r)
+            grad, factor = x, row_values * soft  # the buffer of exp(x - m_r)
         else:  # each chunk is read before its rows of the gradient are written
             grad = x if ctx.consume else torch.empty_like(x)
             grad[:, real:] = 0.0
@@ -178,13 +173,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 g = x[rows, :real].mul_(factor[rows].unsqueeze(-1))
             else:
                 g = x[rows, :real].to(dtype) - row_values[rows].unsqueeze(-1)
-                g.exp_().mul_(scale[rows].unsqueeze(-1))
+                g.exp_().mul_(soft[rows].unsqueeze(-1))
             if eps:
                 g.sub_((eps / ctx.vocab_size) * scale[rows].unsqueeze(-1))
             g[torch.arange(g.shape[0], device=g.device), local_target[rows]] -= onehot[rows]
             if not ctx.kept:
                 grad[rows, :real] = g
-        return grad.view(ctx.shape), None, None, None, None, None
+        return grad.view(ctx.shape), None, None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
@@ -194,7 +189,8 @@ def vocab_parallel_cross_entropy(
     label_smoothing: float = 0.0,
     vocab_size: int | None = None,
     consume_logits: bool = False,
-) -> torch.Tensor:
+    return_logsumexp: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token cross entropy of vocab-sharded logits.
 
     Args:
@@ -210,9 +206,14 @@ def vocab_parallel_cross_entropy(
             saved them): their memory holds the softmax and then the gradient, instead of a
             new logits-sized buffer (as GPT-NeoX's and Megatron's cross entropy overwrite
             theirs). Autograd sees the overwrite, so a later reader of them fails loudly.
+        return_logsumexp: also return the per-token logsumexp of the (true vocabulary's)
+            logits, which the loss computes anyway: a function of it (the z-loss, lse²) costs
+            no second pass over the logits, and its gradient (lse's gradient times the
+            softmax) joins the cross entropy's in the same backward pass.
 
     Returns:
-        `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits).
+        `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits); with
+        `return_logsumexp`, `(loss, logsumexp)`, both `(...)`.
     """
     if target.shape != logits_parallel.shape[:-1]:
         raise ValueError(
@@ -228,7 +229,7 @@ def vocab_parallel_cross_entropy(
             "padded vocabulary of the logits"
         )
     true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
-    out = _VocabParallelCrossEntropy.apply(
+    loss, lse, *_consumed = _VocabParallelCrossEntropy.apply(
         logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits
     )
-    return out[0] if isinstance(out, tuple) else out
+    return (loss, lse) if return_logsumexp else loss
