@@ -56,26 +56,43 @@ backward scale and one-hot) and its scratch memory is reused instead of paged in
 GPU a few large chunks keep the kernel count low."""
 
 
+def chunk_rows(cols: int, device: torch.device) -> int:
+    """How many rows of `cols` fp32 values fit the device's chunk size (at least one)."""
+    return max(1, CHUNK_BYTES.get(device.type, 1 << 30) // (4 * max(cols, 1)))
+
+
 def row_chunks(rows: int, cols: int, device: torch.device):
     """Slices of `rows` rows whose `rows × cols` fp32 values fit the device's chunk size."""
-    step = max(1, CHUNK_BYTES.get(device.type, 1 << 30) // (4 * max(cols, 1)))
+    step = chunk_rows(cols, device)
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)] if cols else []
+
+
+def chunk_scratch(x: torch.Tensor, cols: int, dtype) -> torch.Tensor:
+    """One chunk of `dtype` scratch for the passes over `x` `(tokens, V/tp)`: every chunk is
+    upcast into it in turn, so the transient memory is one chunk whatever the token count (a
+    new upcast copy and a new shifted tensor per chunk were two, 2 GiB on a GPU)."""
+    rows = min(x.shape[0], chunk_rows(cols, x.device))
+    return torch.empty((rows, cols), dtype=dtype, device=x.device)
 
 
 def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
     """One pass over the token columns of `x` `(tokens, V/tp)`, a chunk at a time: per token
     this rank's max m_r, sum exp(x - m_r) and (for label smoothing) sum x, in `dtype`.
-    `exp_out`, a `(tokens, V/tp)` buffer of `dtype`, receives exp(x - m_r)."""
+    `exp_out`, a `(tokens, V/tp)` buffer of `dtype`, receives exp(x - m_r); without it the
+    chunks are upcast into one reused chunk of scratch."""
     tokens = x.shape[0]
     local_max = torch.full((tokens,), float("-inf"), dtype=dtype, device=x.device)
     sum_exp = torch.zeros((tokens,), dtype=dtype, device=x.device)
     sum_x = torch.zeros((tokens,), dtype=dtype, device=x.device)
+    scratch = chunk_scratch(x, real, dtype) if exp_out is None else None
     for rows in row_chunks(tokens, real, x.device):
-        chunk = x[rows, :real].to(dtype)  # a view of fp32 logits, an fp32 copy of bf16 ones
+        if scratch is None:  # a view of the logits, shifted into `exp_out`
+            chunk, out = x[rows, :real], exp_out[rows, :real]
+        else:  # (rows, real): the chunk upcast, then shifted in place
+            chunk = out = scratch[: rows.stop - rows.start].copy_(x[rows, :real])
         local_max[rows] = chunk.max(dim=-1).values
         if smoothing:
             sum_x[rows] = chunk.sum(dim=-1)
-        out = None if exp_out is None else exp_out[rows, :real]
         shifted = torch.sub(chunk, local_max[rows].unsqueeze(-1), out=out)
         sum_exp[rows] = shifted.exp_().sum(dim=-1)
     return local_max, sum_exp, sum_x
@@ -83,7 +100,9 @@ def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, group, label_smoothing, true_vocab=None, consume=False):
+    def forward(
+        ctx, logits, target, group, label_smoothing, true_vocab=None, consume=False, grad=True
+    ):
         vocab_per_rank = logits.shape[-1]
         vocab_size = true_vocab or vocab_per_rank * group_size(group)
         start = group_rank(group) * vocab_per_rank
@@ -99,9 +118,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # Logits in the math's dtype: exp(x - m_r) goes to a buffer that the backward turns
         # into the gradient in place. Lower-precision logits: the backward recomputes it from
         # them, rather than hold an fp32 copy twice their size until then. `consume`: the
-        # logits' own memory is that buffer, or the gradient's.
-        consume = consume and x.data_ptr() == logits.data_ptr()  # (not a reshaped copy)
-        if x.dtype != dtype:
+        # logits' own memory is that buffer, or the gradient's. `grad` False (no backward will
+        # come: inference): nothing is kept.
+        consume = grad and consume and x.data_ptr() == logits.data_ptr()  # (not a copy)
+        if x.dtype != dtype or not grad:
             keep = None
         else:
             keep = x if consume else torch.empty_like(x, dtype=dtype)
@@ -145,7 +165,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, grad_lse, *_consumed_logits):
         if grad_loss is None and grad_lse is None:  # only the consumed logits were used
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         if ctx.backward_done:
             raise RuntimeError(
                 "vocab_parallel_cross_entropy turns its saved softmax into the gradient, so it "
@@ -168,11 +188,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         else:  # each chunk is read before its rows of the gradient are written
             grad = x if ctx.consume else torch.empty_like(x)
             grad[:, real:] = 0.0
+            scratch = chunk_scratch(x, real, dtype)
         for rows in row_chunks(x.shape[0], real, x.device):
             if ctx.kept:
                 g = x[rows, :real].mul_(factor[rows].unsqueeze(-1))
-            else:
-                g = x[rows, :real].to(dtype) - row_values[rows].unsqueeze(-1)
+            else:  # (rows, real): x upcast minus lse, in the reused scratch
+                g = scratch[: rows.stop - rows.start]
+                torch.sub(x[rows, :real], row_values[rows].unsqueeze(-1), out=g)
                 g.exp_().mul_(soft[rows].unsqueeze(-1))
             if eps:
                 g.sub_((eps / ctx.vocab_size) * scale[rows].unsqueeze(-1))
@@ -229,7 +251,8 @@ def vocab_parallel_cross_entropy(
             "padded vocabulary of the logits"
         )
     true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
+    grad = torch.is_grad_enabled() and logits_parallel.requires_grad
     loss, lse, *_consumed = _VocabParallelCrossEntropy.apply(
-        logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits
+        logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits, grad
     )
     return (loss, lse) if return_logsumexp else loss
