@@ -119,9 +119,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # into the gradient in place. Lower-precision logits: the backward recomputes it from
         # them, rather than hold an fp32 copy twice their size until then. `consume`: the
         # logits' own memory is that buffer, or the gradient's. `grad` False (no backward will
-        # come: inference): nothing is kept.
-        consume = grad and consume and x.data_ptr() == logits.data_ptr()  # (not a copy)
-        if x.dtype != dtype or not grad:
+        # come: evaluation, inference) and nothing to consume: one chunk of scratch only.
+        consume = consume and x.data_ptr() == logits.data_ptr()  # (not a reshaped copy)
+        if x.dtype != dtype or not (grad or consume):
             keep = None
         else:
             keep = x if consume else torch.empty_like(x, dtype=dtype)

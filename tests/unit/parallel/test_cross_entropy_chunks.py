@@ -49,3 +49,16 @@ def test_no_grad_keeps_no_logits_sized_buffer(monkeypatch):
     assert counted.ops == ["aten.empty.memory_format"], counted.ops
     ref = F.cross_entropy(logits[..., :VOCAB].reshape(-1, VOCAB), target.view(-1), reduction="none")
     torch.testing.assert_close(loss, ref.view(4, -1), rtol=1e-6, atol=1e-6)
+
+
+def test_consumed_fp32_logits_without_grad_need_no_scratch(monkeypatch):
+    """The training loss under `no_grad` (evaluation) still consumes fp32 logits: exp(z) goes
+    into their memory, no chunk of scratch either."""
+    monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", ROWS * PADDED * 4)
+    logits = torch.randn(4, TOKENS // 4, PADDED) * 3
+    target = torch.randint(0, VOCAB, (4, TOKENS // 4))
+    ref = F.cross_entropy(logits[..., :VOCAB].reshape(-1, VOCAB), target.view(-1), reduction="none")
+    with torch.no_grad(), NewLargeTensors(ROWS * VOCAB) as counted:
+        loss = vocab_parallel_cross_entropy(logits, target, vocab_size=VOCAB, consume_logits=True)
+    assert counted.ops == [], counted.ops
+    torch.testing.assert_close(loss, ref.view(4, -1), rtol=1e-6, atol=1e-6)
