@@ -23,6 +23,20 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from megatron.inference import SamplingSettings, generate
+from megatron.parallel import vocab_parallel_cross_entropy
+
+
+def continuation_scores(logits, targets, counted) -> torch.Tensor:
+    """`(b, 2)` per row: the sum of the log-probs of `targets` `(b, s)` over the `counted`
+    `(b, s)` positions, and 1.0 where argmax picks every counted target (else 0.0). On the
+    logits' device, so the host reads `(b, 2)` values instead of a copy of the `(b, s, V)`
+    log-softmax; the log-probs come from the cross entropy's chunked logsumexp, which writes no
+    buffer of the logits' size."""
+    targets, counted = targets.to(logits.device), counted.to(logits.device)
+    logprobs = -vocab_parallel_cross_entropy(logits, targets)  # (b, s): log p(target)
+    total = torch.where(counted, logprobs, 0.0).sum(dim=-1)
+    greedy = ((logits.argmax(dim=-1) == targets) | ~counted).all(dim=-1)
+    return torch.stack([total, greedy.float()], dim=-1)
 
 
 class MegatronLM(TemplateLM):
@@ -70,21 +84,19 @@ class MegatronLM(TemplateLM):
         inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for ctx, cont in batch]
         width = max(len(x) for x in inputs)
         tokens = torch.full((len(batch), width), self.eot_token_id, dtype=torch.long)
-        for row, x in enumerate(inputs):
+        targets = torch.zeros((len(batch), width), dtype=torch.long)  # the next tokens
+        counted = torch.zeros((len(batch), width), dtype=torch.bool)  # continuation positions
+        for row, ((_, cont), x) in enumerate(zip(batch, inputs)):
             tokens[row, : len(x)] = torch.tensor(x)  # right padding: earlier logits unaffected
+            targets[row, len(x) - len(cont) : len(x)] = torch.tensor(cont)
+            counted[row, len(x) - len(cont) : len(x)] = True
         positions = torch.arange(width).expand(len(batch), width)
         logits = self.model.forward(tokens, positions)  # (b, s, V) on the last stage
         scores = None
         if logits is not None:
-            logprobs = logits.float().log_softmax(dim=-1).cpu()
-            scores = torch.zeros(len(batch), 2)
-            for row, ((_, cont), x) in enumerate(zip(batch, inputs)):
-                picked = logprobs[row, len(x) - len(cont) : len(x)]  # (len(cont), V)
-                target = torch.tensor(cont)
-                scores[row, 0] = picked.gather(-1, target[:, None]).sum()
-                scores[row, 1] = float(bool((picked.argmax(-1) == target).all()))
+            scores = continuation_scores(logits, targets, counted)
         scores = self.model.broadcast_from_last_stage(scores, (len(batch), 2), torch.float32)
-        return [(float(s[0]), bool(s[1])) for s in scores.cpu()]
+        return [(total, bool(greedy)) for total, greedy in scores.tolist()]  # the one read
 
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         def work(items):

@@ -63,6 +63,18 @@ def inference_device_and_dtype(cfg) -> tuple[torch.device, torch.dtype]:
     return torch.device(get_accelerator().current_device_name()), DTYPES[cfg.precision.dtype]
 
 
+def to_run_precision(module: torch.nn.Module, device, dtype) -> None:
+    """Move `module` to `device` with its parameters in `dtype` and its buffers as built: what
+    DeepSpeed's engine does to the model it trains (it casts parameters only). So ALiBi's
+    slopes stay fp32, as in training, and a checkpoint scores the same here as in training's
+    evaluation; bf16 slopes would round 2^-0.5 and the other odd powers, shifting the score
+    bias of distant tokens."""
+    module.to(device)
+    for param in module.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+
+
 class WholeExperts:
     """`topology` seen without expert parallelism (module docstring): `build_model` then
     gives every rank all the experts."""
@@ -118,7 +130,7 @@ class InferenceModel:
         module = build_model(cfg, WholeExperts(topology))
         device, dtype = inference_device_and_dtype(cfg)
         load_weights(module, path, topology)
-        module.to(device=device, dtype=dtype)
+        to_run_precision(module, device, dtype)
         return cls(module, module.args, topology, device, dtype, vocab_size)
 
     # -- stage-to-stage transfer ---------------------------------------------------------

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.indexed_writer import IndexedDatasetWriter
 from megatron.data.sources import ref_prefix
+from megatron.parallel import vocab_parallel_cross_entropy
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,11 @@ def score_rows(model, rows: list[np.ndarray], pad: int) -> list[np.ndarray]:
     shape = (len(rows), width - 1)
     logps = None
     if logits is not None:
-        logp = torch.log_softmax(logits.float(), dim=-1)[:, :-1]  # (b, s - 1, V)
-        logps = logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)  # (b, s - 1)
+        # The next token of every position (the last one's, wrapped round, is dropped): the
+        # cross entropy's chunked logsumexp gives log p(next) without a (b, s, V) log-softmax,
+        # and over all s positions, so the logits are not sliced into a copy.
+        following = tokens.roll(-1, dims=1).to(logits.device)  # (b, s)
+        logps = -vocab_parallel_cross_entropy(logits, following)[:, :-1]  # (b, s - 1)
     logps = model.broadcast_from_last_stage(logps, shape, torch.float32).cpu().numpy()
     return [logps[i, : len(row) - 1] for i, row in enumerate(rows)]
 

@@ -23,21 +23,7 @@ import functools
 
 import torch
 
-from megatron.parallel import reduce_from_tensor_parallel_region, vocab_parallel_cross_entropy
-from megatron.parallel.comm import all_reduce
-from megatron.parallel.cross_entropy import mask_padding
-
-
-def vocab_parallel_logsumexp(
-    logits: torch.Tensor, tp_group=None, vocab_size: int | None = None
-) -> torch.Tensor:
-    """fp32 `logsumexp` over the vocabulary of logits split over `tp_group`: `(b, s)`; with
-    `vocab_size` (the true vocabulary) over its columns only, the padding masked out."""
-    x = mask_padding(logits.float(), tp_group, vocab_size)
-    peak = x.max(dim=-1).values.detach()  # any shift is exact; the max keeps exp() in range
-    all_reduce(peak, tp_group, op="max")
-    total = (x - peak.unsqueeze(-1)).exp().sum(dim=-1)
-    return reduce_from_tensor_parallel_region(total, tp_group).log() + peak
+from megatron.parallel import vocab_parallel_cross_entropy
 
 
 def _masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -72,15 +58,19 @@ def loss_fn(
         fp32 scalar `sum(loss * mask) / sum(mask)` (0 when the mask is all zero).
     """
     targets, loss_mask = labels
-    # The logits are this call's alone unless the z-loss reads them after it.
-    losses = vocab_parallel_cross_entropy(
-        logits, targets, tp_group, vocab_size=vocab_size, consume_logits=consume and not z_loss
+    # The z-loss takes the logsumexp the cross entropy computes (no second pass over the
+    # logits, no fp32 copy of them), so the logits stay this call's alone to consume.
+    losses, lse = vocab_parallel_cross_entropy(
+        logits,
+        targets,
+        tp_group,
+        vocab_size=vocab_size,
+        consume_logits=consume,
+        return_logsumexp=True,
     )
     loss = _masked_mean(losses, loss_mask)  # fp32
     if z_loss:
-        loss = loss + z_loss * _masked_mean(
-            vocab_parallel_logsumexp(logits, tp_group, vocab_size).square(), loss_mask
-        )
+        loss = loss + z_loss * _masked_mean(lse.square(), loss_mask)
     return loss
 
 

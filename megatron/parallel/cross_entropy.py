@@ -15,10 +15,10 @@ Targets must be token ids (below the true vocabulary, see below); masking unwant
 of the loss is the caller's job (multiply the per-token loss by a loss mask).
 
 Vocabulary padding: with `vocab_size` (the tokenizer's, below the padded `V`), the logit
-columns from it on are no tokens. They are masked out (`-inf` before the softmax), so the loss
-is the true vocabulary's whatever the padding (the same at tp 1 and tp 2, where the padding
-differs), label smoothing averages over the true vocabulary, and their gradient is exactly
-zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
+columns from it on are no tokens. They are left out (every pass reads the token columns only),
+so the loss is the true vocabulary's whatever the padding (the same at tp 1 and tp 2, where the
+padding differs), label smoothing averages over the true vocabulary, and their gradient is
+exactly zero. Only the rank(s) holding padding columns (the last one, in practice) mask anything,
 from host integers: no extra collective or synchronisation. GPT-NeoX lets the padding columns
 take probability mass; this departs from it on purpose.
 
@@ -49,16 +49,6 @@ def token_columns(vocab_per_rank: int, tp_group=None, vocab_size: int | None = N
     return min(vocab_per_rank, max(0, vocab_size - start))
 
 
-def mask_padding(logits: torch.Tensor, tp_group=None, vocab_size: int | None = None):
-    """This rank's vocabulary slice `(..., V/tp)` with the padding columns at -inf: `logits`
-    itself when the slice holds none, else a new tensor (whose gradient there is zero)."""
-    real = token_columns(logits.shape[-1], tp_group, vocab_size)
-    if real == logits.shape[-1]:
-        return logits
-    padding = torch.arange(logits.shape[-1], device=logits.device) >= real
-    return logits.masked_fill(padding, float("-inf"))
-
-
 CHUNK_BYTES = {"cpu": 4 << 20}
 """Bytes of fp32 logits the softmax passes take at a time, by device type (others: 1 GiB). On
 a CPU a chunk stays in the last-level cache between its passes (max, shift, exp, sum; in the
@@ -66,26 +56,43 @@ backward scale and one-hot) and its scratch memory is reused instead of paged in
 GPU a few large chunks keep the kernel count low."""
 
 
+def chunk_rows(cols: int, device: torch.device) -> int:
+    """How many rows of `cols` fp32 values fit the device's chunk size (at least one)."""
+    return max(1, CHUNK_BYTES.get(device.type, 1 << 30) // (4 * max(cols, 1)))
+
+
 def row_chunks(rows: int, cols: int, device: torch.device):
     """Slices of `rows` rows whose `rows × cols` fp32 values fit the device's chunk size."""
-    step = max(1, CHUNK_BYTES.get(device.type, 1 << 30) // (4 * max(cols, 1)))
+    step = chunk_rows(cols, device)
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)] if cols else []
+
+
+def chunk_scratch(x: torch.Tensor, cols: int, dtype) -> torch.Tensor:
+    """One chunk of `dtype` scratch for the passes over `x` `(tokens, V/tp)`: every chunk is
+    upcast into it in turn, so the transient memory is one chunk whatever the token count (a
+    new upcast copy and a new shifted tensor per chunk were two, 2 GiB on a GPU)."""
+    rows = min(x.shape[0], chunk_rows(cols, x.device))
+    return torch.empty((rows, cols), dtype=dtype, device=x.device)
 
 
 def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
     """One pass over the token columns of `x` `(tokens, V/tp)`, a chunk at a time: per token
     this rank's max m_r, sum exp(x - m_r) and (for label smoothing) sum x, in `dtype`.
-    `exp_out`, a `(tokens, V/tp)` buffer of `dtype`, receives exp(x - m_r)."""
+    `exp_out`, a `(tokens, V/tp)` buffer of `dtype`, receives exp(x - m_r); without it the
+    chunks are upcast into one reused chunk of scratch."""
     tokens = x.shape[0]
     local_max = torch.full((tokens,), float("-inf"), dtype=dtype, device=x.device)
     sum_exp = torch.zeros((tokens,), dtype=dtype, device=x.device)
     sum_x = torch.zeros((tokens,), dtype=dtype, device=x.device)
+    scratch = chunk_scratch(x, real, dtype) if exp_out is None else None
     for rows in row_chunks(tokens, real, x.device):
-        chunk = x[rows, :real].to(dtype)  # a view of fp32 logits, an fp32 copy of bf16 ones
+        if scratch is None:  # a view of the logits, shifted into `exp_out`
+            chunk, out = x[rows, :real], exp_out[rows, :real]
+        else:  # (rows, real): the chunk upcast, then shifted in place
+            chunk = out = scratch[: rows.stop - rows.start].copy_(x[rows, :real])
         local_max[rows] = chunk.max(dim=-1).values
         if smoothing:
             sum_x[rows] = chunk.sum(dim=-1)
-        out = None if exp_out is None else exp_out[rows, :real]
         shifted = torch.sub(chunk, local_max[rows].unsqueeze(-1), out=out)
         sum_exp[rows] = shifted.exp_().sum(dim=-1)
     return local_max, sum_exp, sum_x
@@ -93,7 +100,9 @@ def local_sums(x, real: int, dtype, smoothing: bool, exp_out=None):
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, group, label_smoothing, true_vocab=None, consume=False):
+    def forward(
+        ctx, logits, target, group, label_smoothing, true_vocab=None, consume=False, grad=True
+    ):
         vocab_per_rank = logits.shape[-1]
         vocab_size = true_vocab or vocab_per_rank * group_size(group)
         start = group_rank(group) * vocab_per_rank
@@ -109,9 +118,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # Logits in the math's dtype: exp(x - m_r) goes to a buffer that the backward turns
         # into the gradient in place. Lower-precision logits: the backward recomputes it from
         # them, rather than hold an fp32 copy twice their size until then. `consume`: the
-        # logits' own memory is that buffer, or the gradient's.
+        # logits' own memory is that buffer, or the gradient's. `grad` False (no backward will
+        # come: evaluation, inference) and nothing to consume: one chunk of scratch only.
         consume = consume and x.data_ptr() == logits.data_ptr()  # (not a reshaped copy)
-        if x.dtype != dtype:
+        if x.dtype != dtype or not (grad or consume):
             keep = None
         else:
             keep = x if consume else torch.empty_like(x, dtype=dtype)
@@ -130,6 +140,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # One all-reduce for the per-token sums (target logit, sum exp[, sum z]): (2|3, tokens).
         sums = all_reduce(torch.stack(sums), group)
         log_sum = sums[1].log()
+        lse = shift + log_sum  # logsumexp of the (true vocabulary's) logits, per token
         loss = log_sum - sums[0]
         if label_smoothing:
             loss = (1.0 - label_smoothing) * loss + label_smoothing * (
@@ -139,21 +150,22 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if keep is not None:  # softmax = keep * exp(m_r - M) / sum exp(x - M)
             kept = logits if consume else keep  # (the logits, not a view made here)
             ctx.save_for_backward(kept, rescale.div_(sums[1]), local_target, outside)
-        else:  # softmax = exp(x - lse), lse = M + log sum exp(x - M)
-            ctx.save_for_backward(logits, shift + log_sum, local_target, outside)
+        else:  # softmax = exp(x - lse)
+            ctx.save_for_backward(logits, lse, local_target, outside)
         ctx.kept, ctx.real, ctx.shape = keep is not None, real, logits.shape
         ctx.label_smoothing, ctx.vocab_size = label_smoothing, vocab_size
         ctx.backward_done, ctx.consume = False, consume
+        ctx.set_materialize_grads(False)  # (an unused output's gradient stays None)
+        outputs = (loss.view(target.shape), lse.view(target.shape))
         if consume:  # the overwritten logits come back as an output with no gradient
             ctx.mark_dirty(logits)
-            ctx.set_materialize_grads(False)  # (else autograd would fill a zero gradient)
-            return loss.view(target.shape), logits
-        return loss.view(target.shape)
+            return (*outputs, logits)
+        return outputs
 
     @staticmethod
-    def backward(ctx, grad_loss, *_consumed_logits):
-        if grad_loss is None:  # only the consumed logits reached the loss: no gradient here
-            return None, None, None, None, None, None
+    def backward(ctx, grad_loss, grad_lse, *_consumed_logits):
+        if grad_loss is None and grad_lse is None:  # only the consumed logits were used
+            return None, None, None, None, None, None, None
         if ctx.backward_done:
             raise RuntimeError(
                 "vocab_parallel_cross_entropy turns its saved softmax into the gradient, so it "
@@ -165,26 +177,31 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         eps, real, dtype = ctx.label_smoothing, ctx.real, row_values.dtype
         # d loss / d z = softmax - (1 - eps) * onehot(target) - eps / V (V the true
         # vocabulary; the padding columns stay 0: no gradient), times the loss's gradient;
-        # in fp32 (fp64), cast once to the logits' dtype.
-        scale = grad_loss.reshape(-1).to(dtype)
+        # d lse / d z = softmax, times the logsumexp's gradient (the z-loss's 2 z lse): one
+        # softmax term for both. In fp32 (fp64), cast once to the logits' dtype.
+        scale = row_values.new_zeros(x.shape[0]) if grad_loss is None else grad_loss.reshape(-1)
+        scale = scale.to(dtype)
+        soft = scale if grad_lse is None else scale + grad_lse.reshape(-1).to(dtype)
         onehot = ((1.0 - eps) * (~outside).to(dtype)).mul_(scale)
         if ctx.kept:
-            grad, factor = x, row_values * scale  # the buffer of exp(x - m_r)
+            grad, factor = x, row_values * soft  # the buffer of exp(x - m_r)
         else:  # each chunk is read before its rows of the gradient are written
             grad = x if ctx.consume else torch.empty_like(x)
             grad[:, real:] = 0.0
+            scratch = chunk_scratch(x, real, dtype)
         for rows in row_chunks(x.shape[0], real, x.device):
             if ctx.kept:
                 g = x[rows, :real].mul_(factor[rows].unsqueeze(-1))
-            else:
-                g = x[rows, :real].to(dtype) - row_values[rows].unsqueeze(-1)
-                g.exp_().mul_(scale[rows].unsqueeze(-1))
+            else:  # (rows, real): x upcast minus lse, in the reused scratch
+                g = scratch[: rows.stop - rows.start]
+                torch.sub(x[rows, :real], row_values[rows].unsqueeze(-1), out=g)
+                g.exp_().mul_(soft[rows].unsqueeze(-1))
             if eps:
                 g.sub_((eps / ctx.vocab_size) * scale[rows].unsqueeze(-1))
             g[torch.arange(g.shape[0], device=g.device), local_target[rows]] -= onehot[rows]
             if not ctx.kept:
                 grad[rows, :real] = g
-        return grad.view(ctx.shape), None, None, None, None, None
+        return grad.view(ctx.shape), None, None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy(
@@ -194,7 +211,8 @@ def vocab_parallel_cross_entropy(
     label_smoothing: float = 0.0,
     vocab_size: int | None = None,
     consume_logits: bool = False,
-) -> torch.Tensor:
+    return_logsumexp: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Per-token cross entropy of vocab-sharded logits.
 
     Args:
@@ -210,9 +228,14 @@ def vocab_parallel_cross_entropy(
             saved them): their memory holds the softmax and then the gradient, instead of a
             new logits-sized buffer (as GPT-NeoX's and Megatron's cross entropy overwrite
             theirs). Autograd sees the overwrite, so a later reader of them fails loudly.
+        return_logsumexp: also return the per-token logsumexp of the (true vocabulary's)
+            logits, which the loss computes anyway: a function of it (the z-loss, lse²) costs
+            no second pass over the logits, and its gradient (lse's gradient times the
+            softmax) joins the cross entropy's in the same backward pass.
 
     Returns:
-        `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits).
+        `(...)` loss per token (no reduction), fp32 (fp64 for fp64 logits); with
+        `return_logsumexp`, `(loss, logsumexp)`, both `(...)`.
     """
     if target.shape != logits_parallel.shape[:-1]:
         raise ValueError(
@@ -228,7 +251,8 @@ def vocab_parallel_cross_entropy(
             "padded vocabulary of the logits"
         )
     true_vocab = vocab_size if vocab_size is not None and vocab_size < padded else None
-    out = _VocabParallelCrossEntropy.apply(
-        logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits
+    grad = torch.is_grad_enabled() and logits_parallel.requires_grad
+    loss, lse, *_consumed = _VocabParallelCrossEntropy.apply(
+        logits_parallel, target, tp_group, float(label_smoothing), true_vocab, consume_logits, grad
     )
-    return out[0] if isinstance(out, tuple) else out
+    return (loss, lse) if return_logsumexp else loss
