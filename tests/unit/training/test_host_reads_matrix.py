@@ -70,6 +70,9 @@ MOE_READS = "per MoE layer and micro-batch: nonzero per expert (moe.py:217), bin
 MOE_READS += "(moe_router.py:54), loss sums (moe.py:183-184); the step's record (moe_grads.py:185)"
 METRICS = "objective metrics: float(total), float(count) per micro-batch (objectives/base.py:39-40)"
 METRICS += " and the step's means of host values (base.py:55, 57: no GPU wait)"
+MOE_CAPACITY = MOE_READS + "; the capacity (moe_router.py:73)"
+KTO = METRICS + "; mask indexing of desirable/undesirable (kto.py:99-100)"
+RM = METRICS + "; every row has a reward token (rm.py:51)"
 ROPE = "whether the position rows agree, per layer and micro-batch (model/positional.py:103)"
 SYNC_LAYERS = "4 synchronisations per checkpointed layer and micro-batch, as asked "
 SYNC_LAYERS += "(deepspeed/runtime/activation_checkpointing/checkpointing.py:589, 649, 674, 777)"
@@ -95,9 +98,12 @@ TABLE = {
     "pipe-bf16-zero1": (3, 0, BF16 + " (stage 1 with fp32 gradient accumulation)"),
     "pipe-fp16-zero0": (33, 0, UNFUSED),
     "pipe-fp16-zero1": (5, 0, ZERO12_SCALED),
-    "moe-topk": (39, 0, MOE_READS + "; the capacity (moe_router.py:73)"),
-    "moe-sinkhorn": (39, 0, MOE_READS + "; the capacity (moe_router.py:73)"),
+    "moe-topk": (39, 0, MOE_CAPACITY),
+    "moe-sinkhorn": (39, 0, MOE_CAPACITY),
     "moe-dropless": (31, 0, MOE_READS),
+    "plain-moe-topk": (39, 0, MOE_CAPACITY),
+    "plain-moe-sinkhorn": (39, 0, MOE_CAPACITY),
+    "plain-moe-dropless": (31, 0, MOE_READS),
     "mamba": (1, 0, ""),
     "rwkv": (1, 0, ""),
     "gmlp": (1, 0, ""),
@@ -108,8 +114,12 @@ TABLE = {
     "rope-fusion": (5, 0, ROPE),
     "sft": (1, 0, ""),
     "dpo": (17, 0, METRICS),
-    "kto": (25, 0, METRICS + "; mask indexing of desirable/undesirable (kto.py:99-100)"),
-    "rm": (19, 0, METRICS + "; every row has a reward token (rm.py:51)"),
+    "kto": (25, 0, KTO),
+    "rm": (19, 0, RM),
+    "plain-sft": (1, 0, ""),
+    "plain-dpo": (17, 0, METRICS),
+    "plain-kto": (25, 0, KTO),
+    "plain-rm": (19, 0, RM),
     "log-grad-norm": (55, 0, "a float per parameter tensor and micro-batch (metrics/norms.py:38)"),
     "curriculum": (1, 0, ""),
     "distro": (1, 0, ""),
@@ -149,25 +159,42 @@ def _objectives(folder) -> dict:
     }
 
 
+def _on_both_engines(cases: dict) -> dict:
+    """`cases` on the pipeline engine, and as `plain-{name}` on the plain one."""
+    plain = {f"plain-{name}": dict(keys, pipe_parallel_size=0) for name, keys in cases.items()}
+    return {**cases, **plain}
+
+
 def _groups(folder) -> list[dict]:
     """The cases as flat config keys, in groups that each run in one process."""
     cache = dict(BASE, data_cache_path=str(folder / "index_cache"))
     minutes = dict(checkpoint_save_interval_minutes=60.0, save=str(folder / "ckpt"))
     features = dict(FEATURES, **{"checkpoint-save-interval-minutes": minutes})
-    groups = [_layouts(), VARIANTS, _objectives(folder), features]
+    moe = {name: VARIANTS[name] for name in VARIANTS if name.startswith("moe")}
+    variants = {**VARIANTS, **_on_both_engines(moe)}
+    groups = [_layouts(), variants, _on_both_engines(_objectives(folder)), features]
     return [
         {name: tiny_settings(folder / name, **{**cache, **keys}) for name, keys in group.items()}
         for group in groups
     ]
 
 
+class Measured:
+    """The counts of each case, measured a group (one process) at a time, when first asked."""
+
+    def __init__(self, folder):
+        self.groups, self.counts = _groups(folder), {}
+
+    def __getitem__(self, case: str) -> dict:
+        if case not in self.counts:
+            group = next(group for group in self.groups if case in group)
+            self.counts.update(run_distributed(count_runs, 1, group, timeout=600)[0])
+        return self.counts[case]
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("reads")
-    out = {}
-    for group in _groups(folder):
-        out.update(run_distributed(count_runs, 1, group, timeout=600)[0])
-    return out
+    return Measured(tmp_path_factory.mktemp("reads"))
 
 
 def _cases():
