@@ -8,6 +8,11 @@ KTO) is in what is counted. A callback appended after the run's own counts, with
 (the warm-up builds what later steps reuse): the train step, every callback and the loop's
 stop question. Then it ends the run (`Counted`), so no end-of-run evaluation or save is paid.
 
+What a CPU cannot tell apart: a read of a tensor that lives on the host on a GPU too (a value
+`megatron/parallel/host_values.py` handed back) counts like a read of a device value; and with
+gloo those helpers reduce on the host, where NCCL would copy to the device and back (a wait
+this counter does not see). The table's reasons say which reads are of the first kind.
+
 Torch optimizers keep their step counters on the host on every device; those are exempt, as in
 `tests/unit/training/test_host_syncs.py`.
 """
@@ -48,14 +53,17 @@ def _counting_callback():
     class CountSteps(Callback):
         """Counts from the end of iteration `WARMUP` to the end of `WARMUP + STEPS`."""
 
-        reads, counting = None, False
+        def __init__(self):
+            self.reads, self.counting, self.applied = None, False, []
 
         def after_step(self, loop):
             if loop.state.iteration == WARMUP:
                 self.reads = HostReads(exempt=step_counters(loop.engine.optimizer))
                 self.reads.__enter__()
                 self.counting = True
-            elif loop.state.iteration == WARMUP + STEPS:
+            elif self.counting:
+                self.applied.append(loop.last_applied)
+            if loop.state.iteration == WARMUP + STEPS:
                 self.stop()
                 raise Counted
 
@@ -67,12 +75,15 @@ def _counting_callback():
     return CountSteps()
 
 
-def _per_step(reads: HostReads) -> dict:
-    """Reads and synchronisations per step, and the places that read, most first (DeepSpeed's
-    files named from the package, not the environment)."""
+def _per_step(counter) -> dict:
+    """Reads and synchronisations per step, the places that read, most first (DeepSpeed's
+    files named from the package, not the environment), and whether each step was applied
+    (a skipped step takes another path)."""
+    reads = counter.reads
     syncs = reads.kinds["synchronize"]
     where = reads.report().replace(_SITE_PACKAGES, "")
-    return dict(reads=(reads.count - syncs) / STEPS, syncs=syncs / STEPS, where=where)
+    per_step = dict(reads=(reads.count - syncs) / STEPS, syncs=syncs / STEPS, where=where)
+    return dict(per_step, applied=counter.applied)
 
 
 def count_run(settings: dict, world_size: int) -> dict:
@@ -86,7 +97,7 @@ def count_run(settings: dict, world_size: int) -> dict:
     try:
         pretrain(resolve(settings, world_size))
     except Counted:
-        return _per_step(counter.reads)
+        return _per_step(counter)
     except Exception as error:  # noqa: BLE001 - the case fails with it, the others still run
         counter.stop()  # a run that failed while counted leaves no counter on for the next
         return dict(error=f"{type(error).__name__}: {error}")
@@ -95,17 +106,12 @@ def count_run(settings: dict, world_size: int) -> dict:
     return dict(error="the run ended before its steps were counted")
 
 
-def allow_fp16_on_cpu() -> None:
-    """DeepSpeed refuses fp16 on a CPU without native fp16 kernels, a capability check: torch
-    computes fp16 on any CPU (as `tests/unit/training/test_fp16_engine_scaling.py` does)."""
-    from deepspeed.accelerator import get_accelerator
-
-    type(get_accelerator()).is_fp16_supported = lambda self: True
-
-
 def count_runs(rank, world_size, runs: dict) -> dict:
-    """`count_run` of each `{name: settings}`; a run that raises gives its error's text."""
-    allow_fp16_on_cpu()
+    """`count_run` of each `{name: settings}` (a run that raises gives its error's text), with
+    fp16 allowed on the CPU (`test_fp16_engine_scaling.py`: DeepSpeed's capability check)."""
+    from tests.unit.training.test_fp16_engine_scaling import _allow_fp16_on_cpu
+
+    _allow_fp16_on_cpu()
     out = {}
     for name, settings in runs.items():
         out[name] = count_run(settings, world_size)

@@ -73,10 +73,14 @@ METRICS += " and the step's means of host values (base.py:55, 57: no GPU wait)"
 MOE_CAPACITY = MOE_READS + "; the capacity (moe_router.py:73)"
 KTO = METRICS + "; mask indexing of desirable/undesirable (kto.py:99-100)"
 RM = METRICS + "; every row has a reward token (rm.py:51)"
+ONEBIT_SCALES = "each rank's scale per parameter tensor (27 x 2 ranks, optim/onebit_adam.py:61)"
 ROPE = "whether the position rows agree, per layer and micro-batch (model/positional.py:103)"
 SYNC_LAYERS = "4 synchronisations per checkpointed layer and micro-batch, as asked "
 SYNC_LAYERS += "(deepspeed/runtime/activation_checkpointing/checkpointing.py:589, 649, 674, 777)"
 CLOCK = "rank 0's clock, broadcast (checkpoint/policy.py:135; here a CPU tensor, on NCCL a copy)"
+
+# features whose reads depend on the data-parallel size: also run on 2 ranks
+DATA_PARALLEL = ("onebit-adam-frozen", "distro", "checkpoint-save-interval-minutes")
 
 # case: (host reads per step, device synchronisations per step, why above the main path's 1)
 TABLE = {
@@ -127,6 +131,10 @@ TABLE = {
     "checkpoint-activations": (1, 0, ""),
     "synchronize-each-layer": (1, 16, SYNC_LAYERS),
     "checkpoint-save-interval-minutes": (2, 0, CLOCK),
+    "dp2": (1, 0, ""),
+    "dp2-onebit-adam-frozen": (55, 0, ONEBIT_SCALES),
+    "dp2-distro": (1, 0, ""),
+    "dp2-checkpoint-save-interval-minutes": (2, 0, CLOCK),
 }
 # Cases a CPU cannot build, with the reason.
 SKIPPED = {
@@ -165,30 +173,37 @@ def _on_both_engines(cases: dict) -> dict:
     return {**cases, **plain}
 
 
-def _groups(folder) -> list[dict]:
-    """The cases as flat config keys, in groups that each run in one process."""
+def _groups(folder) -> list[tuple[int, dict]]:
+    """The cases as flat config keys, in groups that each run in one spawn: (ranks, cases)."""
     cache = dict(BASE, data_cache_path=str(folder / "index_cache"))
     minutes = dict(checkpoint_save_interval_minutes=60.0, save=str(folder / "ckpt"))
     features = dict(FEATURES, **{"checkpoint-save-interval-minutes": minutes})
     moe = {name: VARIANTS[name] for name in VARIANTS if name.startswith("moe")}
     variants = {**VARIANTS, **_on_both_engines(moe)}
-    groups = [_layouts(), variants, _on_both_engines(_objectives(folder)), features]
-    return [
-        {name: tiny_settings(folder / name, **{**cache, **keys}) for name, keys in group.items()}
-        for group in groups
-    ]
+    data_parallel = {f"dp2-{name}": features[name] for name in DATA_PARALLEL}
+    groups = [(1, _layouts()), (1, variants), (1, _on_both_engines(_objectives(folder)))]
+    groups += [(1, features), (2, {"dp2": {}, **data_parallel})]
+    return [(ranks, _settings(folder, cache, cases)) for ranks, cases in groups]
+
+
+def _settings(folder, common: dict, cases: dict) -> dict:
+    """`{name: flat config keys}`: the tiny run under `folder / name` with `common`."""
+    return {
+        name: tiny_settings(folder / name, **{**common, **keys}) for name, keys in cases.items()
+    }
 
 
 class Measured:
-    """The counts of each case, measured a group (one process) at a time, when first asked."""
+    """The counts of each case, measured a group at a time, when a case of it is first asked
+    for (on rank 0: every rank runs the same step)."""
 
     def __init__(self, folder):
         self.groups, self.counts = _groups(folder), {}
 
     def __getitem__(self, case: str) -> dict:
         if case not in self.counts:
-            group = next(group for group in self.groups if case in group)
-            self.counts.update(run_distributed(count_runs, 1, group, timeout=600)[0])
+            ranks, cases = next(group for group in self.groups if case in group[1])
+            self.counts.update(run_distributed(count_runs, ranks, cases, timeout=600)[0])
         return self.counts[case]
 
 
@@ -208,6 +223,7 @@ def test_reads_per_step_are_the_tables(measured, case):
     reads, syncs, _ = TABLE[case]
     got = measured[case]
     assert "error" not in got, f"{case}: {got.get('error')}"
+    assert all(got["applied"]), f"{case}: a counted step was skipped ({got['applied']})"
     for kind, allowed in (("reads", reads), ("syncs", syncs)):
         message = f"{case}: {got[kind]} {kind} per step, the table allows {allowed}"
         assert got[kind] <= allowed, f"{message}; by place: {got['where']}"
@@ -215,7 +231,7 @@ def test_reads_per_step_are_the_tables(measured, case):
 
 
 def test_every_case_is_in_the_table_with_a_reason_above_the_main_path(tmp_path):
-    names = [name for group in _groups(tmp_path) for name in group]
+    names = [name for _, cases in _groups(tmp_path) for name in cases]
     assert sorted(names) == sorted(TABLE)
     for name, (reads, syncs, why) in TABLE.items():
         assert why or (reads, syncs) == (1, 0), f"{name}: say why it reads more than 1"
