@@ -10,8 +10,12 @@ read; one that reads FEWER fails too, so that a fix that removes a read tightens
 The cases: both engines (`pipe_parallel_size` 0: plain, 1: pipeline) in fp32, bf16 and fp16
 at the ZeRO stages each takes (plain 0-3, pipeline 0-1); on the pipeline engine in fp32, the
 model variants (MoE routers, Mamba, RWKV, gMLP, positional encodings, sliding window, GQA,
-rope_fusion), the objectives (`train_impl`) and the features that hang off the step. Keys as
-`configs/README.md` documents them.
+rope_fusion), the objectives (`train_impl`) and the features that hang off the step; MoE and
+the objectives on the plain engine too (`plain-*`), and on 2 data-parallel ranks (`dp2-*`) what
+depends on their number. Keys as `configs/README.md` documents them. Each step is 2
+micro-batches of the 2-layer model (27 parameter tensors): a count per layer, micro-batch or
+parameter tensor grows with the model. A read of a value that lives on the host on a GPU too
+counts here like a device read (`tests/step_reads.py`); the reasons mark those.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ ZERO12_SCALED = ZERO12 + " and the overflow flag (zero/stage_1_and_2.py:3248)"
 ZERO3 = "ZeRO 3: is_invalid_grad_norm (utils.py:233)"
 BF16 = "BF16_Optimizer: is_invalid_grad_norm (utils.py:233), clip_coef < 1 (utils.py:988)"
 MOE_READS = "per MoE layer and micro-batch: nonzero per expert (moe.py:217), bincount "
-MOE_READS += "(moe_router.py:54), loss sums (moe.py:183-184); the step's record (moe_grads.py:185)"
+MOE_READS += "(moe_router.py:54), loss sums (moe.py:183-184); moe_grads.py:185 (host values)"
 METRICS = "objective metrics: float(total), float(count) per micro-batch (objectives/base.py:39-40)"
 METRICS += " and the step's means of host values (base.py:55, 57: no GPU wait)"
 MOE_CAPACITY = MOE_READS + "; the capacity (moe_router.py:73)"
