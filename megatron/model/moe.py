@@ -28,8 +28,9 @@ The router losses (`moe_aux_loss_coeff * load_balancing_loss + moe_z_loss_coeff 
 router_z_loss`) enter training through `AuxLossGradient`: the layer output passes through it
 unchanged and its backward gives the losses the gradient `aux_grad_scale` (the engine's
 `1 / gradient_accumulation_steps`, set by the step driver), so every pipeline stage
-backpropagates its own layers' losses with the language-model loss. Their values are kept
-(`moe_loss_sums`) for logging.
+backpropagates its own layers' losses with the language-model loss. Their values are summed
+on the device (`moe_loss_sums`, fp64 0-dim tensors) for logging: the log reads them, never a
+forward.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class MoEMLP(nn.Module):
         self.reset_loss_sums()
 
     def reset_loss_sums(self) -> None:
-        """Start a new count of `moe_loss_sums`: `{"aux": sum, "z": sum, "n": forwards}`."""
+        """Start a new count of `moe_loss_sums`: `{"aux": sum, "z": sum, "n": forwards}` (the
+        sums 0.0 until a forward makes them fp64 device tensors)."""
         self.moe_loss_sums = {"aux": 0.0, "z": 0.0, "n": 0}
 
     def capacity(self, tokens: int) -> int:
@@ -195,8 +197,8 @@ class MoEMLP(nn.Module):
         aux = self.aux_coeff * load_balancing_loss(route.probs, route.indices)
         z = self.z_coeff * router_z_loss(route.logits)
         sums = self.moe_loss_sums
-        sums["aux"] += float(aux.detach())
-        sums["z"] += float(z.detach())
+        sums["aux"] = sums["aux"] + aux.detach().double()  # on the device: no read per forward
+        sums["z"] = sums["z"] + z.detach().double()
         sums["n"] += 1
         return aux + z
 

@@ -2,7 +2,11 @@
 here, in fp64: every token through every expert, each token's chosen (and kept) experts'
 outputs weighted and summed. Outputs and gradients (input, router, every expert weight) must
 agree for top-k and Sinkhorn routing, dropless and with token dropping, and with the experts
-split over two expert-parallel ranks (each rank's share computed by its own `Experts`)."""
+split over two expert-parallel ranks (each rank's share computed by its own `Experts`).
+
+The layer's host reads are counted (`tests/device_costs.py::HostReads`) around a forward and
+backward: none with token dropping (fixed-size buffers), one per MoE layer per forward
+dropless (the per-expert counts), none for the router losses (kept on the device)."""
 
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model.moe import Experts, MoEMLP
+from megatron.model import build_gpt
+from megatron.model.moe import Experts, MoEMLP, moe_layers
 from megatron.model.moe_dispatch import capacity_dispatch, dropless_dispatch
 from megatron.model.moe_router import capacity_keep
+from tests.device_costs import HostReads
 from tests.unit.model.tiny import SEQ, neox_args
 
 E, K, H = 4, 2, 32
@@ -143,3 +149,28 @@ def test_two_expert_parallel_ranks_together_give_the_dense_formula(dropping):
 def test_capacity_keep_is_the_queue_rule():
     indices = torch.randint(0, E, (40, K))
     torch.testing.assert_close(capacity_keep(indices, E, 7), queue_keep(indices, 7))
+
+
+@pytest.mark.parametrize(
+    "name, per_forward",
+    [
+        ("topk-dropless", 1),
+        ("sinkhorn-dropless", 1),
+        ("topk-dropping", 0),
+        ("sinkhorn-dropping", 0),
+    ],
+)
+def test_a_model_forward_and_backward_reads_at_most_one_count_per_moe_layer(name, per_forward):
+    """Two MoE layers, router losses on: dropless reads each layer's per-expert counts once;
+    with token dropping nothing is read (no nonzero per expert, no bincount, no loss value)."""
+    torch.manual_seed(0)
+    args = moe_args(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, **ROUTINGS[name])
+    model = build_gpt(args)
+    assert len(moe_layers(model)) == 2
+    tokens = torch.randint(0, args.vocab_size, (2, SEQ))
+    positions = torch.arange(SEQ)[None]
+    with HostReads() as reads:
+        loss = model.loss_fn(model(tokens, positions), (tokens, torch.ones(2, SEQ)))
+        loss.backward()
+    assert reads.count == 2 * per_forward, reads.report()
+    assert all(layer.moe_loss_sums["n"] == 1 for layer in moe_layers(model))
