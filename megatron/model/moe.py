@@ -208,8 +208,9 @@ class MoEMLP(nn.Module):
         route = self.router(tokens)
         losses = self._losses(route)
         indices, weights = route.indices, route.weights.to(x.dtype)
-        capacity = self.capacity(tokens.shape[0]) if self.dropping else None
+        capacity = None
         if self.dropping:
+            capacity = self.capacity(tokens.shape[0])
             keep = capacity_keep(indices, self.num_experts, capacity)
             indices = torch.where(keep, indices, -1)
         out = self._run_experts(tokens, indices, weights, capacity).view(shape)
