@@ -13,9 +13,10 @@ return `(N, h)`: per token, the sum over its assignments to this rank's experts 
 - `dropless_dispatch`: an expert can get any number of tokens, and running each expert on
   the tokens that chose it needs those numbers on the host to size its input. The assignments
   are sorted by expert once and the per-expert counts read in one transfer (`tolist` of
-  `E/ep` integers): one read per MoE layer per forward, where a `nonzero` per expert read
-  `E/ep`. (Static shapes would need a buffer of `N` rows per expert, `E/ep / k` times the
-  expert compute; a grouped GEMM with device offsets is the way to none.)
+  `E/ep` integers): one read per MoE layer per forward (activation recompute runs the forward,
+  and the read, again), where a `nonzero` per expert read `E/ep`. Static shapes would need a
+  buffer of `N` rows per expert, `E / k` times the expert compute; a grouped GEMM taking the
+  offsets on the device would read nothing.
 """
 
 from __future__ import annotations
