@@ -9,7 +9,9 @@
    both have it; its backward reduce-scatters the gradients back, once per layer on every
    rank of the group, so the ranks' collectives always pair up);
 3. each rank runs its `E / ep` experts (`experts.w_in` ... stacked `(E/ep, ...)`) on the
-   gathered tokens that chose them and adds `weight * expert(x)` into a `(ep*T, h)` buffer;
+   gathered tokens that chose them and adds `weight * expert(x)` into a `(ep*T, h)` buffer
+   (`moe_dispatch.py`: with token dropping in fixed-size buffers, without any host read;
+   dropless with one read of the per-expert counts);
 4. the buffer is reduce-scattered over the group: each rank gets its tokens' sums.
 
 Experts are whole on each rank (not tensor-parallel): with tensor parallelism every rank of a
@@ -26,8 +28,9 @@ The router losses (`moe_aux_loss_coeff * load_balancing_loss + moe_z_loss_coeff 
 router_z_loss`) enter training through `AuxLossGradient`: the layer output passes through it
 unchanged and its backward gives the losses the gradient `aux_grad_scale` (the engine's
 `1 / gradient_accumulation_steps`, set by the step driver), so every pipeline stage
-backpropagates its own layers' losses with the language-model loss. Their values are kept
-(`moe_loss_sums`) for logging.
+backpropagates its own layers' losses with the language-model loss. Their values are summed
+on the device (`moe_loss_sums`, fp64 0-dim tensors) for logging: the log reads them, never a
+forward.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init, output_init
 from megatron.model.mlp import build_mlp, mlp_inner_size
+from megatron.model.moe_dispatch import capacity_dispatch, dropless_dispatch
 from megatron.model.moe_router import (
     ROUTERS,
     capacity_keep,
@@ -131,15 +135,27 @@ class Experts(nn.Module):
         bias = getattr(self, f"b_{name}")[e] if self.bias else None
         return nn.functional.linear(x, w, bias)
 
+    def _batched(self, x, name: str):
+        """`x @ w.T + b` for every local expert at once: `(E/ep, n, in) -> (E/ep, n, out)`."""
+        y = torch.matmul(x, getattr(self, f"w_{name}").transpose(1, 2))
+        return y + getattr(self, f"b_{name}").unsqueeze(1) if self.bias else y
+
+    def _mlp(self, linear, x):
+        if self.activation.gated:
+            inner = self.activation(linear(x, "gate"), linear(x, "in"))
+        elif self.gated:  # moe_glu with a plain activation: act(gate) * up
+            inner = self.activation(linear(x, "gate")) * linear(x, "in")
+        else:
+            inner = self.activation(linear(x, "in"))
+        return linear(inner, "out")
+
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Local expert `e` (0-based on this rank) on tokens `(n, h)`."""
-        if self.activation.gated:
-            inner = self.activation(self._linear(x, "gate", e), self._linear(x, "in", e))
-        elif self.gated:  # moe_glu with a plain activation: act(gate) * up
-            inner = self.activation(self._linear(x, "gate", e)) * self._linear(x, "in", e)
-        else:
-            inner = self.activation(self._linear(x, "in", e))
-        return self._linear(inner, "out", e)
+        return self._mlp(lambda t, name: self._linear(t, name, e), x)
+
+    def batched(self, x: torch.Tensor) -> torch.Tensor:
+        """Every local expert on its own tokens: `(E/ep, n, h) -> (E/ep, n, h)`."""
+        return self._mlp(self._batched, x)
 
 
 class MoEMLP(nn.Module):
@@ -169,7 +185,8 @@ class MoEMLP(nn.Module):
         self.reset_loss_sums()
 
     def reset_loss_sums(self) -> None:
-        """Start a new count of `moe_loss_sums`: `{"aux": sum, "z": sum, "n": forwards}`."""
+        """Start a new count of `moe_loss_sums`: `{"aux": sum, "z": sum, "n": forwards}` (the
+        sums 0.0 until a forward makes them fp64 device tensors)."""
         self.moe_loss_sums = {"aux": 0.0, "z": 0.0, "n": 0}
 
     def capacity(self, tokens: int) -> int:
@@ -180,8 +197,8 @@ class MoEMLP(nn.Module):
         aux = self.aux_coeff * load_balancing_loss(route.probs, route.indices)
         z = self.z_coeff * router_z_loss(route.logits)
         sums = self.moe_loss_sums
-        sums["aux"] += float(aux.detach())
-        sums["z"] += float(z.detach())
+        sums["aux"] = sums["aux"] + aux.detach().double()  # on the device: no read per forward
+        sums["z"] = sums["z"] + z.detach().double()
         sums["n"] += 1
         return aux + z
 
@@ -191,15 +208,18 @@ class MoEMLP(nn.Module):
         route = self.router(tokens)
         losses = self._losses(route)
         indices, weights = route.indices, route.weights.to(x.dtype)
+        capacity = None
         if self.dropping:
-            keep = capacity_keep(indices, self.num_experts, self.capacity(tokens.shape[0]))
+            capacity = self.capacity(tokens.shape[0])
+            keep = capacity_keep(indices, self.num_experts, capacity)
             indices = torch.where(keep, indices, -1)
-        out = self._run_experts(tokens, indices, weights).view(shape)
+        out = self._run_experts(tokens, indices, weights, capacity).view(shape)
         if self.training and torch.is_grad_enabled() and (self.aux_coeff or self.z_coeff):
             out = AuxLossGradient.apply(out, losses, self.aux_grad_scale)
         return out
 
-    def _run_experts(self, tokens, indices, weights) -> torch.Tensor:
+    def _run_experts(self, tokens, indices, weights, capacity=None) -> torch.Tensor:
+        """`(T, h)`: step 2-4 of the module docstring; `capacity` with token dropping."""
         group, h = self.ep_group, tokens.shape[-1]
         # Tokens and weights travel as one tensor, so the backward is one reduce-scatter per
         # layer on every rank of the group, whichever experts its tokens chose (two, left to
@@ -209,16 +229,14 @@ class MoEMLP(nn.Module):
         tokens, weights = packed[:, :h], packed[:, h:]
         with torch.no_grad():
             indices = gather_from_sequence_parallel_region(indices, group)
-        # `tokens * 0`: the output depends on the gather even on a rank whose experts got no
-        # token, so that rank still joins the reduce-scatter of the backward.
-        out = tokens * 0 if group_size(group) > 1 else torch.zeros_like(tokens)
-        experts = self.experts
-        for e in range(experts.local):
-            rows, slot = torch.nonzero(indices == experts.first + e, as_tuple=True)
-            if rows.numel() == 0:
-                continue
-            y = experts.expert(e, tokens[rows]) * weights[rows, slot].unsqueeze(-1)
-            out = out.index_add(0, rows, y)
+        if capacity is not None:  # every source rank kept at most `capacity` per expert
+            slots = group_size(group) * capacity
+            out = capacity_dispatch(self.experts, tokens, indices, weights, slots)
+        else:
+            # `tokens * 0`: the output depends on the gather even on a rank whose experts got
+            # no token, so that rank still joins the reduce-scatter of the backward.
+            out = tokens * 0 if group_size(group) > 1 else torch.zeros_like(tokens)
+            out = dropless_dispatch(self.experts, tokens, indices, weights, out)
         return reduce_scatter_to_sequence_parallel_region(out, group)
 
 

@@ -49,11 +49,28 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor) -> torch.Ten
 
     The assignments are counted in int64 whatever the router's dtype: bf16 holds integers
     exactly only up to 256, and a bf16 count stops there (every busy expert would count 256,
-    the fractions would be equal and the loss would push nothing). The loss is fp32 at least."""
+    the fractions would be equal and the loss would push nothing). The loss is fp32 at least.
+    The count is a scatter-add into `E` slots, not `bincount`, whose CUDA kernel reads the
+    input's range back to the host to size its output."""
     num_experts = probs.shape[-1]
-    counts = torch.bincount(indices.reshape(-1), minlength=num_experts)  # (E,) int64, exact
+    counts = expert_counts(indices.reshape(-1), num_experts)  # (E,) int64, exact
     fraction = counts.float() / indices.numel()
     return num_experts * (fraction * probs.float().mean(dim=0)).sum()
+
+
+def expert_counts(experts: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 `(size,)`: how many entries of `experts` (int64, values in `[0, size)`) name each
+    slot, with a static output size (no host read, unlike `bincount`)."""
+    counts = torch.zeros(size, dtype=torch.int64, device=experts.device)
+    return counts.scatter_add_(0, experts, torch.ones_like(experts))
+
+
+def expert_one_hot(experts: torch.Tensor, size: int) -> torch.Tensor:
+    """int64 `(n, size)`, row `i` the one-hot of `experts[i]` (`(n,)`; a value outside
+    `[0, size)` gives a zero row). A comparison with `arange`, not `one_hot`, which on the host
+    checks the values' range with two reads."""
+    slots = torch.arange(size, device=experts.device)
+    return (experts.unsqueeze(-1) == slots).long()
 
 
 def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
@@ -70,7 +87,7 @@ def capacity_keep(indices: torch.Tensor, num_experts: int, capacity: int) -> tor
     """Bool `(T, k)`: the assignments within their expert's capacity (module docstring)."""
     tokens, k = indices.shape
     slot_major = indices.t().reshape(-1)  # choice 0 of every token, then choice 1, ...
-    one_hot = nn.functional.one_hot(slot_major, num_experts)
+    one_hot = expert_one_hot(slot_major, num_experts)  # (k*T, E)
     position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1  # place in its expert's queue
     return (position < capacity).reshape(k, tokens).t()
 

@@ -115,7 +115,7 @@ def run_layout(args, tp, pp, batches):
     steps = engine_steps(engine, topo)
     eval_loss = steps.eval_step(iter(mine))
     train_loss = steps.train_step(iter(mine))
-    logged = dict(steps.moe_losses)
+    logged = {key: float(value) for key, value in steps.moe_losses.items()}  # device tensors
     grads = {n: _full(p, optimizer.recorded[p], topo) for n, p in model.named_parameters()}
     for _ in range(STEPS):
         steps.train_step(iter(mine))
@@ -191,8 +191,8 @@ def reference(args, batches):
     loss = step()
     layers = moe_layers(model)
     logged = {
-        "moe_aux_loss": sum(m.moe_loss_sums["aux"] / m.moe_loss_sums["n"] for m in layers),
-        "moe_z_loss": sum(m.moe_loss_sums["z"] / m.moe_loss_sums["n"] for m in layers),
+        "moe_aux_loss": float(sum(m.moe_loss_sums["aux"] / m.moe_loss_sums["n"] for m in layers)),
+        "moe_z_loss": float(sum(m.moe_loss_sums["z"] / m.moe_loss_sums["n"] for m in layers)),
     }
     grads = full_state_dict(model, grads=True)
     optimizer.step()

@@ -17,7 +17,8 @@ keeps it as it is and reads the interval's losses on the host at `record`, all i
 (`host_floats`), so the steps between two log records do not wait for the device.
 
 Extra per-step figures (`step(..., extras={"moe_aux_loss": ...})`, the mixture-of-experts
-router losses) are logged as their mean over the interval's steps, under their own names.
+router losses) are logged as their mean over the interval's steps, under their own names; one
+given as a device tensor is summed on the device and read in the losses' transfer.
 """
 
 from __future__ import annotations
@@ -90,8 +91,12 @@ class TrainMonitor:
         self.pending.append((loss, applied))
 
     def settle(self) -> list[float]:
-        """The interval's losses on the host (one transfer), folded into its sums."""
-        losses = host_floats([loss for loss, _ in self.pending])
+        """The interval's losses on the host (one transfer, which also brings the extras kept
+        as device tensors), folded into its sums."""
+        names = [name for name, v in self.extras.items() if isinstance(v, torch.Tensor)]
+        values = host_floats([loss for loss, _ in self.pending] + [self.extras[n] for n in names])
+        losses = values[: len(self.pending)]
+        self.extras.update(zip(names, values[len(self.pending) :]))
         for loss, (_, applied) in zip(losses, self.pending):
             self._add(loss, applied)
         self.pending = []

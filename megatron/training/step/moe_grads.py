@@ -33,8 +33,9 @@ the data-parallel group, whose partitions together hold every expert once. Its p
 optimizer state.
 
 `prepare_moe_step` gives the router losses the engine's gradient-accumulation scale, and
-`moe_loss_record` reads their values for the log (summed over layers and pipeline stages,
-averaged over forwards and data-parallel ranks).
+`moe_loss_record` gives their values for the log (summed over layers and pipeline stages,
+averaged over forwards and data-parallel ranks) as device tensors, reduced on the device: no
+host round trip per step.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE
 
 from megatron.model.moe import expert_group_name, moe_layers
 from megatron.parallel.comm import all_reduce
-from megatron.parallel.host_values import reduce_host
 
 
 def expert_parameters(model) -> list[torch.nn.Parameter]:
@@ -170,16 +170,21 @@ def prepare_moe_step(model, gradient_accumulation_steps: int) -> None:
         layer.reset_loss_sums()
 
 
-def moe_loss_record(model, topology) -> dict[str, float]:
-    """`{"moe_aux_loss": ..., "moe_z_loss": ...}` of the last step (collective over pipe and
-    data ranks when the model has MoE layers; empty without)."""
+def moe_loss_record(model, topology) -> dict[str, torch.Tensor]:
+    """`{"moe_aux_loss": ..., "moe_z_loss": ...}` of the last step as fp64 0-dim device tensors
+    (collective over pipe and data ranks when the model has MoE layers; empty without).
+
+    The sums stay on the device and are reduced there, so a step waits for nothing here; the
+    log reads them with its losses, in its one transfer (`metrics/monitor.py`)."""
     if not getattr(getattr(model, "args", None), "moe_num_experts", 1) > 1:
         return {}
-    sums = torch.zeros(2, dtype=torch.float64)
+    device = next(model.parameters()).device  # a stage without MoE layers adds zeros
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # (aux, z)
     for layer in moe_layers(model):
         n = max(layer.moe_loss_sums["n"], 1)
-        sums += torch.tensor([layer.moe_loss_sums["aux"], layer.moe_loss_sums["z"]]) / n
+        for i, key in enumerate(("aux", "z")):  # a float 0.0 before the layer's first forward
+            sums[i] += layer.moe_loss_sums[key] / n
     for group in (topology.pp_group, topology.dp_group):
-        sums = reduce_host(sums, group)
+        all_reduce(sums, group)
     sums /= topology.dp_size
-    return {"moe_aux_loss": float(sums[0]), "moe_z_loss": float(sums[1])}
+    return {"moe_aux_loss": sums[0], "moe_z_loss": sums[1]}
