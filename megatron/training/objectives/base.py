@@ -25,19 +25,27 @@ from megatron.parallel.host_values import reduce_host, world_group
 
 
 class MetricSums:
-    """Per-metric (sum, count) over the micro-batches of one step (or one evaluation)."""
+    """Per-metric (sum, count) over the micro-batches of one step (or one evaluation).
+
+    The sums stay on the loss's device until `reduce`: adding a micro-batch's sums reads
+    nothing back (a read per metric per micro-batch would make the host wait for the device
+    each time); `reduce` reads them all in one transfer."""
 
     def __init__(self, names: tuple[str, ...]):
         self.names = tuple(names)
         self.reset()
 
     def reset(self) -> None:
-        self.values = torch.zeros(2, len(self.names), dtype=torch.float64)  # (sum, count)
+        self.values: torch.Tensor | None = None  # (sum, count) x metric, float64, on the device
 
     def add(self, name: str, total, count) -> None:
+        """Add a micro-batch's `total` and `count` (numbers or 0-dim tensors) to `name`'s."""
         i = self.names.index(name)
-        self.values[0, i] += float(total)
-        self.values[1, i] += float(count)
+        if self.values is None:
+            device = total.device if torch.is_tensor(total) else None
+            self.values = torch.zeros(2, len(self.names), dtype=torch.float64, device=device)
+        self.values[0, i] += total
+        self.values[1, i] += count
 
     def reduce(self, topology=None) -> dict[str, float]:
         """The metrics as means over every sample of the step, equal on every rank.
@@ -45,17 +53,16 @@ class MetricSums:
         Collective over the whole world when `topology` spans more than one rank: only the
         ranks that compute the loss (last pipeline stage, tensor-parallel rank 0) contribute,
         so each sample counts once."""
-        values = self.values.clone()
+        values = self.values
+        if values is None:
+            values = torch.zeros(2, len(self.names), dtype=torch.float64)
         if topology is not None and topology.world_size > 1:
             if not (topology.is_last_stage and topology.tp_rank == 0):
-                values.zero_()
+                values = torch.zeros_like(values)
             values = reduce_host(values, world_group())
         self.reset()
-        return {
-            name: float(values[0, i] / values[1, i])
-            for i, name in enumerate(self.names)
-            if values[1, i] > 0
-        }
+        sums, counts = values.tolist()  # the one read
+        return {name: sums[i] / counts[i] for i, name in enumerate(self.names) if counts[i] > 0}
 
 
 class Objective:

@@ -96,8 +96,12 @@ class KTO(Objective):
         loss = (weight * (1 - value)).mean()
         with torch.no_grad():
             implicit = self.beta * ratio
-            self.metrics.add("desirable_rewards", implicit[desirable].sum(), desirable.sum())
-            self.metrics.add("undesirable_rewards", implicit[undesirable].sum(), undesirable.sum())
+            # class sums by selection, not mask indexing (whose output size is read back)
+            zero = implicit.new_zeros(())
+            chosen = torch.where(desirable, implicit, zero).sum()
+            self.metrics.add("desirable_rewards", chosen, desirable.sum())
+            shunned = torch.where(undesirable, implicit, zero).sum()
+            self.metrics.add("undesirable_rewards", shunned, undesirable.sum())
             self.metrics.add("reward_acc", (reward * ratio > 0).float().sum(), ratio.numel())
             self.metrics.add("kl", (kl1 + kl2) / 2, 1)
         return loss
