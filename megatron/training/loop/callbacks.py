@@ -169,8 +169,9 @@ class CheckpointCallback(Callback):
         )
 
     def on_start(self, loop):
-        if self.enabled and self.policy.interval is not None and loop.stop is not None:
-            loop.stop.ride(self.policy)  # the time check costs no collective of its own
+        stop = getattr(loop, "stop", None)
+        if self.enabled and self.policy.interval is not None and stop is not None:
+            stop.ride(self.policy)  # the time check costs no collective of its own
 
     def after_step(self, loop):
         if not self.enabled:
