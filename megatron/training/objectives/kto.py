@@ -62,6 +62,13 @@ class KTO(Objective):
             metrics["margins"] = metrics["desirable_rewards"] - metrics["undesirable_rewards"]
         return metrics
 
+    def step_metrics(self, topology=None) -> dict[str, torch.Tensor]:
+        metrics = super().step_metrics(topology)
+        desirable, undesirable = metrics["desirable_rewards"], metrics["undesirable_rewards"]
+        both = desirable[1] * undesirable[1]  # 1 where the step had both classes, else 0
+        metrics["margins"] = torch.stack([(desirable[0] - undesirable[0]) * both, both])
+        return metrics
+
     def model_inputs(self, sample, settings):
         require_keys(sample, ("text", "reward"), "train_impl: kto needs text with rewards")
         inputs, (labels, mask) = to_model_inputs(sample, settings)

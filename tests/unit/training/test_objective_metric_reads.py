@@ -125,3 +125,46 @@ def test_rm_metrics_read_once_per_step():
         },
         rel=1e-6,
     )
+
+
+ONLY_UNDESIRABLE = [[-1.0] * 5, [0.0] * 5, [-1.0] * 5, [0.0] * 5, [-0.5] * 5, [0.0] * 5]
+
+
+def _kto_step(objective, token_rewards, seed):
+    """One KTO micro-batch through the loss; its `beta * r` and reward sums per row."""
+    sample = _kto_sample(token_rewards, seed=seed)
+    _, (labels, mask, _, reward) = objective.model_inputs(sample, BatchSettings())
+    logits = _batch(6, 5, seed=seed)[0]
+    ref = torch.zeros(6, dtype=torch.float64)
+    objective.loss(logits, (labels, mask, ref, reward))
+    return BETA * _seq_logps(logits, labels, mask), torch.tensor(token_rewards).sum(-1)
+
+
+def test_train_steps_keep_kto_metrics_on_the_device_until_the_log():
+    """Three steps, the second without a desirable sample: the log reads the metrics with the
+    losses in one transfer, each the sum of the steps that had it over the interval's steps,
+    and a metric no step had (`neutral`) is left out of the record as before."""
+    from megatron.training.metrics.monitor import TrainMonitor
+
+    objective = build_objective(_random_logits_cfg(train_impl="kto", kto_beta=BETA))
+    monitor = TrainMonitor(8, 1.0, world_size=1, peak_tflops=None, train_iters=3)
+    steps = []
+    with HostReads() as stepping:
+        for seed, rewards in enumerate([KTO_REWARDS, ONLY_UNDESIRABLE, KTO_REWARDS]):
+            steps.append(_kto_step(objective, rewards, seed))
+            extras = objective.step_metrics()
+            extras["neutral"] = torch.zeros(2, dtype=torch.float64)  # never present
+            monitor.step(torch.tensor(1.0), True, extras)
+    assert stepping.count == 0, stepping.report()
+    desirable, margins = [], []
+    for r, total in steps:
+        if (total > 0.001).any():
+            desirable.append(r[total > 0.001].mean())
+            margins.append(desirable[-1] - r[total < -0.001].mean())
+    assert len(desirable) == 2
+    with HostReads() as logging:
+        record = monitor.record(3, lr=1.0, grad_norm=None, loss_scale=None)
+    assert logging.count == 1, logging.report()
+    assert "neutral" not in record
+    assert record["desirable_rewards"] == pytest.approx(sum(desirable).item() / 3, rel=1e-9)
+    assert record["margins"] == pytest.approx(sum(margins).item() / 3, rel=1e-9)
