@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from megatron.config.checks.device_syncs import warn_device_syncs
 from megatron.config.checks.validate import validate
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
 from megatron.config.derive import derive
@@ -89,6 +90,7 @@ def resolve_settings(
     check_computed_keys(cfg, computed, warnings)
     check_refused_values(cfg, sources)
     validate(cfg, sources)
+    warn_device_syncs(cfg, sources, warnings)
     return cfg
 
 

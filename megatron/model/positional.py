@@ -69,8 +69,9 @@ class RotaryEmbedding(NoAttentionPositions):
 
     Angles are computed in fp32 from `position_ids` on each call (the inverse frequencies are
     a few dozen numbers, so no buffer exists for a bf16/fp16 cast to degrade). With
-    `rope_fusion`, batches whose rows share their positions go through the kernel package's
-    fused path; otherwise (and for per-row positions) through its PyTorch reference.
+    `rope_fusion`, every batch goes through the kernel package's fused path with one table
+    per row (packed documents with reset positions included); otherwise through its PyTorch
+    reference.
     """
 
     def __init__(self, args: ModelArgs, tp_group=None):
@@ -97,11 +98,11 @@ class RotaryEmbedding(NoAttentionPositions):
 
     def encode(self, q, k, position_ids):
         # q (s, b, nq, d), k (s, b, nkv, d)
-        cos, sin = self.cos_sin(position_ids)
-        # The fused kernel takes one (s, 1, 1, rot) table for the whole batch; checking that
-        # the rows agree costs a device sync, so only when the kernel was asked for.
-        if self.fused and bool((position_ids == position_ids[:1]).all()):
-            q, k = apply_rotary_pos_emb(q, k, cos[:, :1], sin[:, :1], fused=True)
+        cos, sin = self.cos_sin(position_ids)  # (s, b, 1, rot) each
+        # The fused kernel reads a table per batch row, so it needs no look at the positions
+        # (asking whether the rows agree would cost a device sync per layer).
+        if self.fused:
+            q, k = apply_rotary_pos_emb(q, k, cos, sin, fused=True)
             return q, k, None
         return reference_rotary(q, cos, sin), reference_rotary(k, cos, sin), None
 

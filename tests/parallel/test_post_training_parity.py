@@ -107,7 +107,8 @@ def run_layout(objective, tp, pp, zero, checkpointing, precision, world):
     losses, metrics = [], []
     for step in range(STEPS):
         losses.append(steps.train_step(batches(step)))
-        metrics.append(dict(steps.objective_metrics))
+        step_metrics = steps.objective_metrics.items()  # device (mean, present) pairs
+        metrics.append({k: float(v[0]) for k, v in step_metrics if v[1]})
     eval_loss = steps.eval_step(batches(STEPS))
     return dict(losses=losses, metrics=metrics, eval=(eval_loss, steps.take_metrics()))
 

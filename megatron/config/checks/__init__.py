@@ -7,4 +7,5 @@
 | `data`              | data keys that cannot work together (splits, weights, post-training)   |
 | `optimizer_engines` | optimizers that need whole parameters on engines that split them      |
 | `torch_compile`     | what `torch_compile` cannot be combined with                          |
+| `device_syncs`      | (warns) switches that make the device wait without changing a result   |
 """

@@ -205,7 +205,9 @@ class ModelConfig:
     """Move checkpointed activations to CPU memory."""
 
     synchronize_each_layer: bool = False
-    """Synchronise the device at the start and end of each checkpointed layer."""
+    """Synchronise the whole device at the start and end of each checkpointed layer's forward
+    and backward (4 waits per checkpoint per micro-batch). Cannot change a result; warned
+    about when on (`checks/device_syncs.py`)."""
 
     profile_backward: bool = False
     """Time the backward pass of checkpointed layers."""

@@ -17,9 +17,15 @@ Three kinds of checkpoint (Levanter's two policies beside GPT-NeoX's schedule):
 
 An iteration that several rules pick is saved once, as the first kind of that list: a tier step
 that is also a `checkpoint_factor` step is permanent. Whether the interval has passed is
-decided by global rank 0's clock and broadcast, since saving is collective: every rank saves
+decided by global rank 0's clock and shared, since saving is collective: every rank saves
 at the same iteration even when their clocks or step times differ. `latest` always names the
 newest complete checkpoint (written last by `CheckpointIO.save`).
+
+Sharing rank 0's answer costs nothing of its own in training: the policy rides on the step's
+one all-reduce and read (`StopRequest.ride`, carried by the non-finite step check), rank 0
+giving its answer, every other rank False, so the MAX is rank 0's. Rank 0 then looks at its
+clock during the step's optimizer boundary rather than after the step. Where no check carried
+the answer this iteration, `decide` broadcasts it (one collective and one read).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import logging
 import math
 import shutil
 from time import monotonic
+
+import torch.distributed as dist
 
 from megatron.checkpoint.folders import temporary_checkpoints
 from megatron.config.groups.checkpointing import CheckpointTier, parse_checkpoint_keep
@@ -102,6 +110,7 @@ class CheckpointPolicy:
         self.interval = None if interval_minutes is None else 60.0 * interval_minutes
         self.clock = clock or monotonic  # looked up here, so that a test can replace it
         self.last_save = self.clock()
+        self._carried: bool | None = None  # rank 0's answer, agreed by this step's check
 
     @classmethod
     def from_config(cls, cfg, train_iters: int | None, clock=None) -> CheckpointPolicy:
@@ -118,25 +127,41 @@ class CheckpointPolicy:
         """This process's view; `decide` shares global rank 0's with every rank."""
         return self.interval is not None and self.clock() - self.last_save >= self.interval
 
+    def local(self) -> bool:
+        """This rank's share of a MAX all-reduce that yields rank 0's view (`StopRequest.ride`):
+        rank 0's own, False elsewhere."""
+        return _global_rank() == 0 and self.interval_passed()
+
+    def carried(self, agreed: bool) -> None:
+        """Rank 0's view, agreed by a collective that every rank ran this step."""
+        self._carried = agreed
+
     def decide(self, iteration: int) -> str | None:
         """The kind to save after `iteration` (see the module docstring), or None. Collective
-        when distributed with an interval set and the iteration is no scheduled save: every
-        rank must call it after every iteration."""
+        when distributed with an interval set, the iteration no scheduled save and no answer
+        carried this step: every rank must call it after every iteration."""
+        carried, self._carried = self._carried, None  # never seen by a later iteration
         if self.is_permanent(iteration):
             return "permanent"
         if self.schedule.should_save(iteration):
             return "step"
-        return "temporary" if self._time_due() else None
+        return "temporary" if self._time_due(carried) else None
 
-    def _time_due(self) -> bool:
+    def _time_due(self, carried: bool | None) -> bool:
         if self.interval is None:
             return False
+        if carried is not None:
+            return carried
         # rank 0's clock decides for all
         return bool(broadcast_host([self.interval_passed()], 0, world_group())[0])
 
     def saved(self) -> None:
         """A checkpoint of any kind is complete: the interval starts again."""
         self.last_save = self.clock()
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def retire_temporaries(save_dir, keep_tag: str) -> list:

@@ -168,6 +168,11 @@ class CheckpointCallback(Callback):
             f"saved checkpoint {tag}" + (" (permanent)" if kind == "permanent" else "")
         )
 
+    def on_start(self, loop):
+        stop = getattr(loop, "stop", None)
+        if self.enabled and self.policy.interval is not None and stop is not None:
+            stop.ride(self.policy)  # the time check costs no collective of its own
+
     def after_step(self, loop):
         if not self.enabled:
             return

@@ -3,7 +3,11 @@
 Whether any rank received a signal is agreed over the world after every step. The non-finite
 step check's all-reduce, which every rank runs before each optimizer step, carries the flag
 (`megatron/training/step/nonfinite.py`), so the agreement costs no collective and no host read
-of its own (`docs/performance.md`); without that check it is a host all-reduce of its own."""
+of its own (`docs/performance.md`); without that check it is a host all-reduce of its own.
+
+Other per-step host flags that every rank must agree on ride on the same all-reduce: `ride`
+adds one (an object with `local() -> bool`, this rank's value, and `carried(agreed)`, the
+world's MAX, as `StopRequest` itself has); `flags()` lists them for the check."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ class StopRequest:
         self.received: int | None = None
         self._previous = {}
         self._agreed: bool | None = None  # the world's answer, carried by this step's check
+        self._riders: list = []  # further flags on the same all-reduce (`ride`)
 
     def install(self) -> StopRequest:
         for sig in self.SIGNALS:
@@ -36,6 +41,19 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+    def ride(self, flag) -> None:
+        """Let `flag` (`local()`, `carried(agreed)`) be agreed by the check that carries ours."""
+        self._riders.append(flag)
+
+    def flags(self) -> list:
+        """What the carrying check all-reduces (MAX) and hands back, in order: this request,
+        then the riders."""
+        return [self, *self._riders]
+
+    def local(self) -> bool:
+        """This rank's flag: whether it received a signal."""
+        return self.received is not None
 
     def carried(self, agreed: bool) -> None:
         """The world's answer, agreed by a collective that every rank ran this step."""

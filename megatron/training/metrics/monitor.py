@@ -43,6 +43,14 @@ def host_floats(values: list) -> list[float]:
     return out
 
 
+def _as_pair(value) -> tuple:
+    """An extra as (value, present): a device `(mean, present)` pair of a post-training
+    metric (`objectives/base.py::MetricSums.step_means`), or a number, present when given."""
+    if isinstance(value, torch.Tensor) and value.shape == (2,):
+        return value[0], value[1]
+    return value, 1.0
+
+
 class TrainMonitor:
     """Accumulates one log interval."""
 
@@ -76,7 +84,8 @@ class TrainMonitor:
         self.steps = 0
         self.tokens = 0
         self.flops = 0.0
-        self.extras: dict[str, float] = {}
+        self.extras: dict = {}  # name -> float, or a device (sum, steps present) pair
+        self.host_extras: dict[str, tuple[float, float]] = {}
         self.pending: list = []  # (loss, applied) of the interval's steps, read at `record`
 
     def step(self, loss, applied: bool, extras: dict | None = None, work=None) -> None:
@@ -91,12 +100,14 @@ class TrainMonitor:
         self.pending.append((loss, applied))
 
     def settle(self) -> list[float]:
-        """The interval's losses on the host (one transfer, which also brings the extras kept
-        as device tensors), folded into its sums."""
-        names = [name for name, v in self.extras.items() if isinstance(v, torch.Tensor)]
-        values = host_floats([loss for loss, _ in self.pending] + [self.extras[n] for n in names])
-        losses = values[: len(self.pending)]
-        self.extras.update(zip(names, values[len(self.pending) :]))
+        """The interval's losses on the host (one transfer, which reads the extras too),
+        folded into its sums."""
+        pairs = [_as_pair(value) for value in self.extras.values()]
+        read = host_floats([loss for loss, _ in self.pending] + [x for p in pairs for x in p])
+        losses, extras = read[: len(self.pending)], read[len(self.pending) :]
+        self.host_extras = {  # name -> (sum over the interval, steps that had it)
+            name: (extras[2 * i], extras[2 * i + 1]) for i, name in enumerate(self.extras)
+        }
         for loss, (_, applied) in zip(losses, self.pending):
             self._add(loss, applied)
         self.pending = []
@@ -145,8 +156,9 @@ class TrainMonitor:
             "elapsed_s": now - self.start,
             "eta_s": max(0, self.train_iters - iteration) * per_step,
         }
-        for name, total in self.extras.items():
-            record[name] = total / max(self.steps, 1)
+        for name, (total, present) in self.host_extras.items():
+            if present:
+                record[name] = total / max(self.steps, 1)
         for name, ms in (timers or {}).items():
             record[f"time/{name}"] = ms
         self._reset(now)

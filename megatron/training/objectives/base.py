@@ -21,41 +21,66 @@ from typing import ClassVar
 
 import torch
 
-from megatron.parallel.host_values import reduce_host, world_group
+from megatron.parallel.comm import all_reduce
+from megatron.parallel.host_values import collective_device, world_group
 
 
 class MetricSums:
-    """Per-metric (sum, count) over the micro-batches of one step (or one evaluation)."""
+    """Per-metric (sum, count) over the micro-batches of one step (or one evaluation).
+
+    The sums stay on the loss's device until `reduce`: adding a micro-batch's sums reads
+    nothing back (a read per metric per micro-batch would make the host wait for the device
+    each time); `reduce` reads them all in one transfer."""
 
     def __init__(self, names: tuple[str, ...]):
         self.names = tuple(names)
         self.reset()
 
     def reset(self) -> None:
-        self.values = torch.zeros(2, len(self.names), dtype=torch.float64)  # (sum, count)
+        self.values: torch.Tensor | None = None  # (sum, count) x metric, float64, on the device
 
     def add(self, name: str, total, count) -> None:
+        """Add a micro-batch's `total` and `count` (numbers or 0-dim tensors) to `name`'s."""
         i = self.names.index(name)
-        self.values[0, i] += float(total)
-        self.values[1, i] += float(count)
+        if self.values is None:
+            device = total.device if torch.is_tensor(total) else None
+            self.values = torch.zeros(2, len(self.names), dtype=torch.float64, device=device)
+        self.values[0, i] += total
+        self.values[1, i] += count
 
-    def reduce(self, topology=None) -> dict[str, float]:
-        """The metrics as means over every sample of the step, equal on every rank.
+    def _world_sums(self, topology) -> torch.Tensor:
+        """The (sum, count) x metric sums over every sample of the step, on the device.
 
         Collective over the whole world when `topology` spans more than one rank: only the
         ranks that compute the loss (last pipeline stage, tensor-parallel rank 0) contribute,
         so each sample counts once."""
-        values = self.values.clone()
-        if topology is not None and topology.world_size > 1:
-            if not (topology.is_last_stage and topology.tp_rank == 0):
-                values.zero_()
-            values = reduce_host(values, world_group())
+        values = self.values
+        if values is None:
+            values = torch.zeros(2, len(self.names), dtype=torch.float64)
         self.reset()
-        return {
-            name: float(values[0, i] / values[1, i])
-            for i, name in enumerate(self.names)
-            if values[1, i] > 0
-        }
+        if topology is None or topology.world_size == 1:
+            return values
+        group = world_group()
+        values = values.to(collective_device(group))
+        if not (topology.is_last_stage and topology.tp_rank == 0):
+            values = torch.zeros_like(values)
+        return all_reduce(values, group)
+
+    def reduce(self, topology=None) -> dict[str, float]:
+        """The metrics as means over every sample of the step, equal on every rank (collective,
+        see `_world_sums`); read in one transfer."""
+        sums, counts = self._world_sums(topology).tolist()
+        return {name: sums[i] / counts[i] for i, name in enumerate(self.names) if counts[i] > 0}
+
+    def step_means(self, topology=None) -> dict[str, torch.Tensor]:
+        """`reduce` kept on the device, for a train step's log: each metric as a `(mean,
+        present)` float64 pair, `(0, 0)` where the step had no sample for it (the log interval
+        sums the pairs: `monitor.py`)."""
+        sums, counts = self._world_sums(topology)  # (metrics,) each
+        present = counts > 0
+        means = torch.where(present, sums / counts, 0.0)
+        pairs = torch.stack([means, present.double()], dim=1)  # (metrics, 2)
+        return dict(zip(self.names, pairs.unbind(0)))
 
 
 class Objective:
@@ -86,6 +111,10 @@ class Objective:
     def summary(self, topology=None) -> dict[str, float]:
         """The metrics since the last summary (collective, see `MetricSums.reduce`)."""
         return self.metrics.reduce(topology)
+
+    def step_metrics(self, topology=None) -> dict[str, torch.Tensor]:
+        """`summary` of a train step left on the device (`MetricSums.step_means`)."""
+        return self.metrics.step_means(topology)
 
     def model_inputs(self, sample: dict, settings):
         """`((tokens, position_ids), loss_inputs)` for one micro-batch of loader samples."""

@@ -62,6 +62,13 @@ class KTO(Objective):
             metrics["margins"] = metrics["desirable_rewards"] - metrics["undesirable_rewards"]
         return metrics
 
+    def step_metrics(self, topology=None) -> dict[str, torch.Tensor]:
+        metrics = super().step_metrics(topology)
+        desirable, undesirable = metrics["desirable_rewards"], metrics["undesirable_rewards"]
+        both = desirable[1] * undesirable[1]  # 1 where the step had both classes, else 0
+        metrics["margins"] = torch.stack([(desirable[0] - undesirable[0]) * both, both])
+        return metrics
+
     def model_inputs(self, sample, settings):
         require_keys(sample, ("text", "reward"), "train_impl: kto needs text with rewards")
         inputs, (labels, mask) = to_model_inputs(sample, settings)
@@ -96,8 +103,12 @@ class KTO(Objective):
         loss = (weight * (1 - value)).mean()
         with torch.no_grad():
             implicit = self.beta * ratio
-            self.metrics.add("desirable_rewards", implicit[desirable].sum(), desirable.sum())
-            self.metrics.add("undesirable_rewards", implicit[undesirable].sum(), undesirable.sum())
+            # class sums by selection, not mask indexing (whose output size is read back)
+            zero = implicit.new_zeros(())
+            chosen = torch.where(desirable, implicit, zero).sum()
+            self.metrics.add("desirable_rewards", chosen, desirable.sum())
+            shunned = torch.where(undesirable, implicit, zero).sum()
+            self.metrics.add("undesirable_rewards", shunned, undesirable.sum())
             self.metrics.add("reward_acc", (reward * ratio > 0).float().sum(), ratio.numel())
             self.metrics.add("kl", (kl1 + kl2) / 2, 1)
         return loss

@@ -40,20 +40,26 @@ class RewardDataError(ValueError):
     """A reward-model sample whose reward token cannot be found."""
 
 
+def require_reward_tokens(loss_mask: torch.Tensor) -> None:
+    """Refuse a micro-batch with a row that has no labelled token (so no reward). Asked of
+    the loader's host tensors (`model_inputs`): on the device the answer would be a read."""
+    if not bool((loss_mask > 0).any(dim=1).all()):
+        raise RewardDataError(
+            "a reward-model sequence has no labelled token, so it has no reward: the reward is "
+            "read at the last token whose label is kept (label data with -100 everywhere but "
+            "the final end-of-text token, as GPT-NeoX's --for-rm preprocessing writes)"
+        )
+
+
 def sequence_rewards(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """fp32 `(n,)` rewards: each row's value at its last token with a nonzero loss mask.
+    """fp32 `(n,)` rewards: each row's value at its last token with a nonzero loss mask
+    (every row has one: `require_reward_tokens`).
 
     Args:
         values: `(n, s)` value-head outputs.
         loss_mask: `(n, s)` the batch's loss mask (labels >= 0, see `batches.py`).
     """
     counted = loss_mask > 0  # (n, s)
-    if not bool(counted.any(dim=1).all()):
-        raise RewardDataError(
-            "a reward-model sequence has no labelled token, so it has no reward: the reward is "
-            "read at the last token whose label is kept (label data with -100 everywhere but "
-            "the final end-of-text token, as GPT-NeoX's --for-rm preprocessing writes)"
-        )
     positions = torch.arange(values.shape[1], device=values.device).expand_as(values)
     last = torch.where(counted, positions, -1).argmax(dim=1, keepdim=True)  # (n, 1)
     return values.gather(1, last).squeeze(1).float()
@@ -84,6 +90,7 @@ class RewardModel(Objective):
         """Chosen then rejected rows, `(2b, s)` each: `((tokens, positions), (labels, mask))`."""
         require_keys(sample, ("pos", "neg"), "train_impl: rm needs pairwise data")
         tokens, positions, labels, mask = pair_inputs(sample, settings)
+        require_reward_tokens(mask)
         return (tokens, positions), (labels, mask)
 
     def loss(self, values: torch.Tensor, loss_inputs) -> torch.Tensor:

@@ -58,7 +58,8 @@ def compressed_mean(x: torch.Tensor, worker_error, server_error, group=None) -> 
         all_scales = all_gather_list(scale, group)
         total = torch.zeros_like(flat)
         for s, c in zip(all_signs, all_scales):
-            total.add_(unpack_signs(s, flat.numel(), flat.dtype), alpha=c.item())
+            # ±scale in fp32, multiplied on the device (an `alpha=` would read c back)
+            total.add_(unpack_signs(s, flat.numel(), c.dtype) * c)
         sent = total / world
     merged = sent + server_error
     out = compress(merged)

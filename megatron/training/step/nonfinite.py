@@ -91,16 +91,18 @@ class NonFiniteSteps:
 
     def _bad_anywhere(self) -> bool:
         """Whether any rank's step is bad (and, with `stop`, whether any rank received a
-        signal): one all-reduce on the device, one read."""
-        flags = [self._bad_here()]
-        if self.stop is not None:
-            received = self.stop.received is not None  # a fill on the device, not a copy to it
-            flags.append(torch.full((), received, dtype=torch.bool, device=flags[0].device))
+        signal, with the flags that ride on it): one all-reduce on the device, one read."""
+        bad = self._bad_here()
+        riders = self.stop.flags() if self.stop is not None else []
+        # host flags as fills on the device, not copies to it
+        flags = [bad] + [
+            torch.full((), r.local(), dtype=torch.bool, device=bad.device) for r in riders
+        ]
         agreed = all_reduce(torch.stack(flags).to(torch.int32), world_group(), op="max")
-        bad, *stop = agreed.tolist()
-        if self.stop is not None:
-            self.stop.carried(bool(stop[0]))
-        return bool(bad)
+        bad_anywhere, *carried = agreed.tolist()
+        for rider, value in zip(riders, carried):
+            rider.carried(bool(value))
+        return bool(bad_anywhere)
 
     def _skip(self, take_step, lr_kwargs) -> None:
         """DeepSpeed's step with our optimizer's update made a no-op marked as an overflow."""

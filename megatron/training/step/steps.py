@@ -12,10 +12,11 @@ step check, `nonfinite.py`, reads just before the optimizer step). With mixture-
 layers, `moe_losses` holds the last train step's router losses for the log (`moe_grads.py`).
 
 With a post-training objective (`objectives/`), `objective_metrics` holds the last train
-step's metrics (DPO's rewards, margins, accuracy, ...) and `take_metrics()` those gathered
-since (an evaluation's). With a reference model (`reference.py`), a step first reads its
-`gradient_accumulation_steps` micro-batches, has the reference fill in their reference
-log-probabilities, then trains (or evaluates) the policy on exactly those micro-batches.
+step's metrics (DPO's rewards, margins, accuracy, ...) on the device, which the log reads with
+the losses, and `take_metrics()` those gathered since (an evaluation's) as floats. With a
+reference model (`reference.py`), a step first reads its `gradient_accumulation_steps`
+micro-batches, has the reference fill in their reference log-probabilities, then trains (or
+evaluates) the policy on exactly those micro-batches.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class EngineSteps:
         self.reference = reference
         self.curriculum = curriculum  # sets the train steps' length (setup/curriculum.py)
         self.moe_losses: dict[str, float] = {}
-        self.objective_metrics: dict[str, float] = {}
+        self.objective_metrics: dict[str, torch.Tensor] = {}  # on the device, read at logs
 
     def _before_train_step(self) -> None:
         prepare_moe_step(self.engine.module, self.engine.gradient_accumulation_steps())
@@ -56,7 +57,8 @@ class EngineSteps:
     def _after_train_step(self) -> None:
         if self.topology is not None:
             self.moe_losses = moe_loss_record(self.engine.module, self.topology)
-        self.objective_metrics = self.take_metrics()
+        if self.objective is not None and self.objective.metric_names:
+            self.objective_metrics = self.objective.step_metrics(self.topology)
 
     def take_metrics(self) -> dict[str, float]:
         """The objective's metrics since the last call (collective; {} without any)."""

@@ -91,8 +91,11 @@ def test_reward_token_is_the_last_labelled_one_and_metrics():
     assert metrics == pytest.approx(
         {"accuracy": 1.0, "margin": 3.0, "pos_values": 3.0, "neg_values": 0.0}
     )
-    with pytest.raises(RewardDataError, match="no labelled token"):
-        rm.loss(values, (None, torch.tensor([[0.0, 1, 0, 0], [0.0, 0, 0, 0]])))
+    args = dataclasses.replace(neox_args(value_head=True), seq_length=8)
+    unlabelled = pair_samples(args, [(2, 3)])
+    unlabelled["neg_label"][:] = -100  # the rejected row keeps no token
+    with pytest.raises(RewardDataError, match="no labelled token"):  # refused by the loader
+        rm.model_inputs(unlabelled, BatchSettings())
 
 
 def pair_samples(args: ModelArgs, lengths, seed=0):
