@@ -184,9 +184,11 @@ def check_overflow_on_device(optimizer) -> None:
     DeepSpeed's gradient norm, taken next, would be inf for it and skip the step the same way.
     Any other wrapper is left alone.
     """
-    checker = getattr(optimizer, "overflow_checker", None)
-    if checker is None or not hasattr(optimizer, "fp32_groups"):
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if not isinstance(optimizer, FP16_UnfusedOptimizer):
         return
+    checker = optimizer.overflow_checker
 
     def has_overflow(params, has_moe_params=None):
         moe = checker.has_moe_params if has_moe_params is None else has_moe_params
