@@ -5,9 +5,9 @@ section of the exported DeepSpeed config is dropped. The pipeline engine gets a
 `PipelineModule` (its topology carries the groups); the plain engine gets the `GPTModel` and
 the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
 (`model.py`). While DeepSpeed wraps the optimizer, the optimizer does not step (`no_step`).
-After `deepspeed.initialize`: fp16 loss scaling as configured and the ZeRO-0 wrapper's overflow
-check on the device (`fp16_scaler.py`), the bf16 wrapper's clipping on the device
-(`grad_norm.py`), and a check that an optimizer which needs whole parameters got them.
+After `deepspeed.initialize`: the ZeRO-0 wrapper's step with one read and the true gradient
+norm, fp16 loss scaling as configured (`fp16_scaler.py`), the bf16 wrapper's clipping on the
+device (`grad_norm.py`), and a check that an optimizer which needs whole parameters got them.
 With one data-parallel replica and no ZeRO, DeepSpeed's gradient "all-reduce" is switched off
 (`skip_single_replica_reduction`): it would flatten every gradient into one buffer, reduce it
 over a group of one, scale it by 1/1 and copy it back, four passes over all gradients per step
@@ -28,7 +28,7 @@ from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
 from megatron.training.optim.optimizers import build_optimizer_from_config, check_parameter_shapes
 from megatron.training.setup.model import build_model_for_engine
-from megatron.training.step.fp16_scaler import check_overflow_on_device, install_loss_scaler
+from megatron.training.step.fp16_scaler import install_loss_scaler, step_on_device
 from megatron.training.step.grad_norm import (
     STEP_GRAD_NORM,
     clip_bf16_on_device,
@@ -83,8 +83,8 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
         optimizer.attach_engine(engine, topology.dp_group)
     else:
         skip_single_replica_reduction(engine, topology)
+    step_on_device(engine.optimizer, topology)  # before the loss scaler wraps the step
     install_loss_scaler(engine)
-    check_overflow_on_device(engine.optimizer)
     clip_bf16_on_device(engine.optimizer)
     install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)

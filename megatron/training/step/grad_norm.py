@@ -52,8 +52,10 @@ def global_grad_norm(parameters, topology) -> torch.Tensor:
 def _square_sum(grads, device) -> torch.Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32, device=device)
-    norms = torch._foreach_norm(grads)  # one fused pass over all gradients
-    return torch.stack([n.float() for n in norms]).square().sum()
+    # one fused pass over all gradients, in fp32: a 16-bit norm of loss-scaled fp16 gradients
+    # would overflow
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    return torch.stack(norms).square().sum()
 
 
 def clip_by_global_norm(parameters, max_norm: float, topology, norm=None) -> torch.Tensor:
