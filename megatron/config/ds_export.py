@@ -21,6 +21,14 @@ PIPELINE_SP_SECTION = {"pipe_partitioned": False, "grad_partitioned": False}
 NO_THROUGHPUT_TIMER = {"throughput": {"enabled": False}}
 
 
+# bf16 at ZeRO 1 accumulates micro-batch gradients in fp32 on both engines: DeepSpeed 0.19 then
+# wraps the optimizer in its BF16_Optimizer on either (without this the plain engine's ZeRO
+# optimizer accumulated in bf16, and the same config trained differently at pipe_parallel_size 0
+# and 1). At ZeRO 0 DeepSpeed accumulates in bf16 on both engines and refuses fp32 ("unsupported
+# mix"); derive warns of it for the pipeline engine.
+BF16_ZERO1_DATA_TYPES = {"grad_accum_dtype": "fp32"}
+
+
 def deepspeed_config(cfg: Config) -> dict[str, Any]:
     """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args.
 
@@ -49,10 +57,8 @@ def deepspeed_config(cfg: Config) -> dict[str, Any]:
         dropped = ("bf16", *LOSS_SCALING_KEYS)
         section = {k: v for k, v in (pr.bf16 or {}).items() if k not in dropped}
         ds["bf16"] = {**section, "enabled": True}
-        if p.pipe_parallel_size >= 1 and p.zero_stage >= 1 and cfg.deepspeed.data_types is None:
-            # The pipeline engine accumulates micro-batch gradients; do it in fp32 (DeepSpeed
-            # 0.19 does so only through its ZeRO-1 bf16 optimizer; derive warns for stage 0).
-            ds["data_types"] = {"grad_accum_dtype": "fp32"}
+        if p.zero_stage == 1 and cfg.deepspeed.data_types is None:
+            ds["data_types"] = dict(BF16_ZERO1_DATA_TYPES)
     if p.sequence_parallel and p.pipe_parallel_size > 1:
         ds["pipeline"] = dict(PIPELINE_SP_SECTION)
     if pr.fp32_allreduce:

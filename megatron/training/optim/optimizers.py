@@ -33,8 +33,17 @@ from megatron.training.optim.sm3 import SM3
 from megatron.training.step.moe_grads import expert_param_groups
 
 
-def _on_cuda(groups) -> bool:
-    return all(p.is_cuda for g in groups for p in g["params"])
+def _fused_by_default() -> bool:
+    """Whether torch's fused AdamW kernel is the default: on a CUDA accelerator.
+
+    The plain engine's optimizer is built before `deepspeed.initialize` moves the model to the
+    accelerator, so where the parameters are now says nothing of where they will step; the
+    engine places them (and DeepSpeed its fp32 copies and partitions) on DeepSpeed's
+    accelerator. torch fuses AdamW on the CPU too, so a ZeRO CPU offload steps fused as well.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name() == "cuda"
 
 
 class OptimizerBuilder:
@@ -45,10 +54,10 @@ class OptimizerBuilder:
 
 
 class TorchAdamW(OptimizerBuilder):
-    """torch.optim.AdamW; the fused CUDA kernel when every parameter is on a GPU."""
+    """torch.optim.AdamW; the fused kernel on a CUDA accelerator (`params.fused` overrides)."""
 
     def build(self, groups, lr, weight_decay, params):
-        fused = params.pop("fused", _on_cuda(groups))
+        fused = params.pop("fused", _fused_by_default())
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, fused=fused, **params)
 
 

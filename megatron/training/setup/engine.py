@@ -4,8 +4,10 @@ Every optimizer is built here (`optimizers.py`), never by DeepSpeed, so the `opt
 section of the exported DeepSpeed config is dropped. The pipeline engine gets a
 `PipelineModule` (its topology carries the groups); the plain engine gets the `GPTModel` and
 the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
-(`model.py`). After `deepspeed.initialize`: fp16 loss scaling as configured
-(`fp16_scaler.py`), and a check that an optimizer which needs whole parameters got them.
+(`model.py`). While DeepSpeed wraps the optimizer, the optimizer does not step (`no_step`).
+After `deepspeed.initialize`: the ZeRO-0 wrapper's step with one read and the true gradient
+norm, fp16 loss scaling as configured (`fp16_scaler.py`), the bf16 wrapper's clipping on the
+device (`grad_norm.py`), and a check that an optimizer which needs whole parameters got them.
 With one data-parallel replica and no ZeRO, DeepSpeed's gradient "all-reduce" is switched off
 (`skip_single_replica_reduction`): it would flatten every gradient into one buffer, reduce it
 over a group of one, scale it by 1/1 and copy it back, four passes over all gradients per step
@@ -14,6 +16,7 @@ that change nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +28,12 @@ from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
 from megatron.training.optim.optimizers import build_optimizer_from_config, check_parameter_shapes
 from megatron.training.setup.model import build_model_for_engine
-from megatron.training.step.fp16_scaler import install_loss_scaler
-from megatron.training.step.grad_norm import STEP_GRAD_NORM, clip_by_global_norm
+from megatron.training.step.fp16_scaler import install_loss_scaler, step_on_device
+from megatron.training.step.grad_norm import (
+    STEP_GRAD_NORM,
+    clip_bf16_on_device,
+    clip_by_global_norm,
+)
 from megatron.training.step.moe_grads import (
     install_expert_grad_reduction,
     register_expert_groups,
@@ -63,7 +70,7 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     register_expert_groups(topology)  # before initialize: it broadcasts experts over them
     # quiet: DeepSpeed's bf16 optimizer prints its memory use (`MA ... Max_MA ...`) as it builds
-    with zero_partitions_experts(cfg.parallel.zero_stage), quiet_deepspeed():
+    with zero_partitions_experts(cfg.parallel.zero_stage), quiet_deepspeed(), no_step(optimizer):
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -76,10 +83,34 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
         optimizer.attach_engine(engine, topology.dp_group)
     else:
         skip_single_replica_reduction(engine, topology)
+    step_on_device(engine.optimizer, topology)  # before the loss scaler wraps the step
     install_loss_scaler(engine)
+    clip_bf16_on_device(engine.optimizer)
     install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)
+
+
+@contextlib.contextmanager
+def no_step(optimizer):
+    """`optimizer.step` does nothing inside (for `deepspeed.initialize`).
+
+    DeepSpeed's `FP16_UnfusedOptimizer` (fp16 at ZeRO 0, bf16 at ZeRO 0 on the plain engine)
+    steps the optimizer it wraps once over zero gradients to create its state. Adam's step
+    count then starts at 1, so every later update has another bias correction, and a decoupled
+    weight decay shrinks the fp32 master weights once where the LR is not 0 at step 0: the same
+    config trained differently on the pipeline engine's `BF16_Optimizer` or under ZeRO, which
+    step only on gradients. The optimizers create their state on their first real step.
+    """
+    own = optimizer.__dict__.get("step")  # an instance-level wrapper, if any
+    optimizer.step = lambda *args, **kwargs: None  # shadows the method while DeepSpeed wraps
+    try:
+        yield optimizer
+    finally:
+        if own is None:
+            del optimizer.step
+        else:
+            optimizer.step = own
 
 
 def skip_single_replica_reduction(engine, topology) -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron.training.step.grad_norm import global_grad_norm
+
 HYSTERESIS_STATE_KEY = "megatron_loss_scaler_hysteresis"
 """Where the hysteresis count goes in FP16_UnfusedOptimizer's state dict (DeepSpeed's own
 keys hold the scale, the iteration and the last overflow)."""
@@ -170,3 +172,88 @@ class UnfusedScaling:
         out = self._load(sd, *args, **kwargs)
         self.scaler.cur_hysteresis = int(sd.get(HYSTERESIS_STATE_KEY, self.scaler.delayed_shift))
         return out
+
+
+def step_on_device(optimizer, topology) -> None:
+    """`FP16_UnfusedOptimizer`'s step (fp16 at ZeRO 0, bf16 at ZeRO 0 on the plain engine)
+    with one host read and the true global gradient norm.
+
+    DeepSpeed 0.19.8's step reads once per parameter (`if has_inf_or_nan(grad)`), once for the
+    agreed overflow flag and twice per parameter group for its gradient norm (~150 reads per
+    step at 160M, 32 on the 2-layer tiny model). That norm is also wrong under model
+    parallelism: its filters look for the parameters' tensor-parallel and tied-copy marks on
+    the gradients, which carry none, so tensor-parallel ranks above 0 add nothing and tied
+    copies count twice (at tp 2 the tiny model's norm came out 0.71 of the true one), and
+    experts are left out. Here the norm is `global_grad_norm` (each gradient once, as on
+    every other path), in fp32 on the device; inf/NaN anywhere makes it non-finite, so it is
+    the overflow flag too. The flag is agreed over DeepSpeed's overflow groups on the device
+    and read once with the norm; the rest is DeepSpeed's step.
+    """
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if not isinstance(optimizer, FP16_UnfusedOptimizer) or optimizer.fused_lamb_legacy:
+        return
+
+    checker = optimizer.overflow_checker
+
+    def step(closure=None):
+        optimizer.overflow = False
+        params = [p for group in optimizer.fp16_groups for p in group]
+        norm = global_grad_norm(params, topology)  # of the scaled gradients
+        flag = (~torch.isfinite(norm)).to(torch.uint8).reshape(1)
+        flag = _agree_overflow(checker, flag, checker.has_moe_params)
+        overflow, norm = torch.cat([flag.float(), norm.reshape(1)]).tolist()  # the one read
+        if overflow:
+            return optimizer._skip_invalid_grad_norm()
+        _fp32_grads(optimizer)
+        optimizer._global_grad_norm = norm
+        optimizer._update_scale(False)
+        optimizer.unscale_and_clip_grads(norm)
+        optimizer.optimizer.step()
+        _copy_back(optimizer)
+        return optimizer.overflow
+
+    optimizer.step = step
+
+
+def _fp32_grads(optimizer) -> None:
+    """The 16-bit gradients, as fp32 gradients of the master weights (zeros where none)."""
+    for fp32_group, fp16_group in zip(optimizer.fp32_groups, optimizer.fp16_groups, strict=True):
+        for fp32, fp16 in zip(fp32_group, fp16_group, strict=True):
+            grad = fp16.grad if fp16.grad is not None else torch.zeros_like(fp16)
+            fp32.grad = grad.to(fp32.dtype)
+
+
+def _copy_back(optimizer) -> None:
+    """The stepped master weights into the 16-bit weights; the fp32 gradients dropped."""
+    for fp32_group, fp16_group in zip(optimizer.fp32_groups, optimizer.fp16_groups, strict=True):
+        for fp32, fp16 in zip(fp32_group, fp16_group, strict=True):
+            fp32.grad = None
+            fp16.data.copy_(fp32.data)
+
+
+def _agree_overflow(checker, flag: torch.Tensor, has_moe_params: bool) -> torch.Tensor:
+    """`flag` reduced (MAX) over the groups DeepSpeed 0.19.8's `CheckOverflow.has_overflow`
+    reduces its flag over, in the same order."""
+    from deepspeed import comm as dist
+    from deepspeed.utils import groups
+
+    engine, mpu, top = checker.deepspeed, checker.mpu, dist.ReduceOp.MAX
+    if has_moe_params:
+        dist.all_reduce(flag, op=top, group=groups._get_max_expert_parallel_group())
+    if checker.zero_reduce_scatter:
+        dist.all_reduce(flag, op=top, group=dist.get_world_group())
+    elif mpu is not None:
+        if engine is not None and _backward_allreduce(engine) is False:
+            dist.all_reduce(flag, op=top, group=mpu.get_data_parallel_group())
+        dist.all_reduce(flag, op=top, group=mpu.get_model_parallel_group())
+    elif engine is not None and engine.enable_backward_allreduce is False:
+        dist.all_reduce(flag, op=top, group=dist.get_world_group())
+    return flag
+
+
+def _backward_allreduce(engine):
+    """Whether the engine all-reduces gradients in backward (off: the ranks' gradients differ)."""
+    if hasattr(engine, "pipeline_enable_backward_allreduce"):
+        return engine.pipeline_enable_backward_allreduce
+    return engine.enable_backward_allreduce

@@ -52,8 +52,10 @@ def global_grad_norm(parameters, topology) -> torch.Tensor:
 def _square_sum(grads, device) -> torch.Tensor:
     if not grads:
         return torch.zeros((), dtype=torch.float32, device=device)
-    norms = torch._foreach_norm(grads)  # one fused pass over all gradients
-    return torch.stack([n.float() for n in norms]).square().sum()
+    # one fused pass over all gradients, in fp32: a 16-bit norm of loss-scaled fp16 gradients
+    # would overflow
+    norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+    return torch.stack(norms).square().sum()
 
 
 def clip_by_global_norm(parameters, max_norm: float, topology, norm=None) -> torch.Tensor:
@@ -66,3 +68,34 @@ def clip_by_global_norm(parameters, max_norm: float, topology, norm=None) -> tor
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         torch._foreach_mul_([p.grad.detach() for p in parameters], coef)
     return norm
+
+
+def clip_tensors_on_device(input_tensors, max_norm=1.0, global_norm=None, mpu=None, eps=1e-6):
+    """DeepSpeed 0.19.8's `clip_tensors_by_global_norm` without its host read.
+
+    DeepSpeed asks `if clip_coef < 1` of a coefficient computed on the device, a read per
+    step, to skip a multiplication by a coefficient of at least 1. Here the coefficient is
+    clamped to 1 on the device and every tensor is multiplied by it in one fused pass: below 1
+    the same value multiplies the same tensors; otherwise a multiplication by exactly 1 changes
+    nothing.
+    """
+    from deepspeed.runtime.utils import get_global_norm_of_tensors
+
+    if global_norm is None:
+        global_norm = get_global_norm_of_tensors(input_tensors, mpu=mpu)
+    coef = max_norm / (global_norm + eps)
+    coef = torch.clamp(coef, max=1.0) if torch.is_tensor(coef) else min(coef, 1.0)
+    torch._foreach_mul_([t.detach() for t in input_tensors], coef)
+    return global_norm
+
+
+def clip_bf16_on_device(optimizer) -> None:
+    """Make DeepSpeed's `BF16_Optimizer` (bf16 on the pipeline engine, and at ZeRO 1 on both)
+    clip with `clip_tensors_on_device`: its step calls the clipping function it imported from
+    `deepspeed.runtime.utils`, which no other DeepSpeed optimizer uses, so the name is rebound
+    in its module (for every BF16_Optimizer of the process: the same results, without the
+    read). Any other optimizer is left alone."""
+    from deepspeed.runtime import bf16_optimizer
+
+    if isinstance(optimizer, bf16_optimizer.BF16_Optimizer):
+        bf16_optimizer.clip_tensors_by_global_norm = clip_tensors_on_device

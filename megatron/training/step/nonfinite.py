@@ -28,13 +28,8 @@ from __future__ import annotations
 import torch
 
 from megatron.parallel.comm import all_reduce
-from megatron.parallel.host_values import reduce_host, world_group
+from megatron.parallel.host_values import world_group
 from megatron.training.step.grad_norm import STEP_GRAD_NORM, global_grad_norm
-
-
-def _any_rank(flag: bool) -> bool:
-    """True on every rank when `flag` is True on any rank of the world."""
-    return bool(reduce_host([flag], world_group(), op="max")[0])
 
 
 def _nonfinite(value, device) -> torch.Tensor:
@@ -134,8 +129,22 @@ def _local_tensors(engine, optimizer):
         yield from (v for v in state.values() if torch.is_tensor(v) and v.is_floating_point())
 
 
+def _extremes(tensors, device) -> torch.Tensor:
+    """The smallest and largest value of each non-empty tensor, as fp32 on `device`.
+
+    A NaN shows in both (`aminmax` propagates NaN), an inf in the largest, a -inf in the
+    smallest: a non-finite value anywhere makes this small tensor non-finite, without the
+    element-wise bool copy `isfinite(t)` would make of each tensor (0.9 GB for the flat fp32
+    partition of a 7B model at tp4 dp2) and without a read per tensor.
+    """
+    ends = [torch.stack(torch.aminmax(t)).float().to(device) for t in tensors if t.numel()]
+    return torch.cat(ends) if ends else torch.zeros(1, device=device)
+
+
 @torch.no_grad()
 def state_is_finite(engine, optimizer) -> bool:
-    """Whether every weight and optimizer-state tensor of every rank is finite (collective)."""
-    bad = any(not bool(torch.isfinite(t).all()) for t in _local_tensors(engine, optimizer))
-    return not _any_rank(bad)
+    """Whether every weight and optimizer-state tensor of every rank is finite (collective):
+    one flag agreed over the world on the device, one read."""
+    extremes = _extremes(_local_tensors(engine, optimizer), engine.device)
+    bad = (~torch.isfinite(extremes).all()).to(torch.int32)
+    return not all_reduce(bad, world_group(), op="max").item()
