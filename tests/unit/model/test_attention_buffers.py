@@ -7,9 +7,10 @@ bf16, with `tests/device_costs.py::LargeTensors` recording each op's outputs and
 saves. The width is scaled down (the attention heads of the 160M model, 12, at head width 8):
 sequence × sequence buffers depend on the heads, not on the head width, so their sizes are the
 160M model's. On the CPU, SDPA runs its flash kernel (`_scaled_dot_product_flash_attention_for
-_cpu`) with or without a mask, unless the mask needs a gradient (rpe's: the math kernel); the
-rule that keeps a fused kernel on CUDA with grouped key/value heads and a mask is held by
-`test_attention_masks.py::test_a_mask_goes_to_sdpa_with_every_key_value_head`.
+_cpu`) with or without a mask, unless the mask needs a gradient (rpe's: the math kernel, so the
+test freezes rpe's table); the rule that keeps a fused kernel on CUDA with grouped key/value
+heads and a mask is held by `test_attention_masks.py::test_a_mask_goes_to_sdpa_with_every_key_
+value_head`.
 
 Before the fix (b=2, s=2048, 12 heads, bf16), a layer built: ALiBi a 400 MB fp32 bias, `global`
 with the fusion keys, a window or rpe 200 MB bf16 scores/probabilities (rpe also 67 MB of int64
@@ -23,6 +24,7 @@ import torch
 
 from megatron.model import ModelArgs
 from megatron.model.attention_masks import clear_masks
+from megatron.model.relative_bias import RelativePositionBias
 from megatron.model.transformer import transformer_layer_class
 from tests.device_costs import LargeTensors
 
@@ -63,12 +65,17 @@ def layer_args(**changes) -> ModelArgs:
     return ModelArgs(**{**values, **changes})
 
 
-def two_layers(changes: dict, rows: int = B):
+def two_layers(changes: dict, rows: int = B, frozen_rpe: bool = True):
     """`LargeTensors` of layer 0's and of layer 1's forward (train mode, bf16, no dropout)."""
     args = layer_args(**changes)
     clear_masks()  # what an earlier test left cached would not be built here
     cls = transformer_layer_class(args)
     layers = [cls(args, i).to(torch.bfloat16).train() for i in range(2)]
+    for layer in layers:
+        if frozen_rpe and isinstance(layer.attention.positions, RelativePositionBias):
+            # A mask that needs a gradient takes the CPU's SDPA to its math kernel (CUDA's
+            # memory-efficient one keeps no probabilities): frozen, the CPU runs flash too.
+            layer.attention.positions.weight.requires_grad_(False)
     x = torch.randn(S, B, args.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     position_ids = torch.arange(S).expand(rows, S).contiguous()
     inputs, seen = (x, position_ids), []
@@ -92,13 +99,10 @@ def per_layer(second: LargeTensors) -> list:
 def test_no_layer_builds_a_sequence_by_sequence_buffer(name):
     _, second = two_layers(ATTENTION[name])
     built = per_layer(second)
-    if name == "rpe":
-        # Each layer's learned table gives it its own bias (in bf16); the buckets are shared.
-        # Which SDPA kernel then runs is the device's: on the CPU a mask that needs a gradient
-        # takes the math kernel, on CUDA the memory-efficient one, which keeps no probabilities.
-        own = [b for b in built if b.where.startswith("model/relative_bias.py")]
-        assert own and all(b.dtype == torch.bfloat16 for b in own), second.report(own)
-        assert all(b.dtype.is_floating_point for b in built), second.report(built)
+    if name == "rpe":  # each layer's table gives it its own bias; the buckets are shared
+        assert all(b.where.startswith("model/relative_bias.py") for b in built), second.report()
+        assert all(b.dtype == torch.bfloat16 for b in built), second.report(built)
+        assert max(b.nbytes for b in built) == B * HEADS * S * S * 2, second.report(built)
     else:
         assert not built, f"{name}: {second.report(built)}"
 
@@ -108,7 +112,7 @@ def test_a_bias_is_built_once_in_the_compute_dtype_and_broadcast_over_the_batch(
     """With one row of positions for the batch (rows that agree), what the first layer builds
     from the positions and the layers keep for the backward has no batch dimension and is in
     bf16 (the rpe buckets: int32)."""
-    first, second = two_layers(ATTENTION[name], rows=1)
+    first, second = two_layers(ATTENTION[name], rows=1, frozen_rpe=False)
     built = {
         b.storage
         for b in first.buffers
