@@ -21,8 +21,10 @@ outside torch and this file (`where`), so a failing test names the line that rea
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 import traceback
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -136,3 +138,86 @@ def _deepspeed_accelerator():
     from deepspeed.accelerator import get_accelerator
 
     return get_accelerator()
+
+
+class LargeTensors(TorchDispatchMode):
+    """Records, while active, the tensors a GPU would have to hold: each op's outputs
+    (`kind` "output") and, through `saved_tensors_hooks`, what autograd keeps for backward
+    (`kind` "saved"), as `Buffer`s with shape, dtype, bytes and the allocating `file:line`.
+
+    Views (outputs sharing an input's storage) are not allocations and are left out. `storage`
+    and `alive()` identify the memory: a tensor one layer builds and the next reuses is the same
+    storage, still alive (a freed address the allocator hands out again is not).
+    """
+
+    def __enter__(self):
+        self.buffers: list[Buffer] = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        return super().__exit__(*exc)
+
+    def _record(self, kind: str, t: torch.Tensor) -> None:
+        self.buffers.append(
+            Buffer(
+                kind,
+                tuple(t.shape),
+                t.dtype,
+                t.numel() * t.element_size(),
+                _storage(t),
+                caller(),
+                weakref.ref(t),
+            )
+        )
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._record("saved", t)
+        return t
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {_storage(t) for t in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            if _storage(t) not in inputs:
+                self._record("output", t)
+        return out
+
+    def square(self, s: int, kind: str | None = None) -> list[Buffer]:
+        """The buffers with two dims of length `s` (sequence × sequence), of `kind` or any."""
+        return [b for b in self.buffers if b.shape.count(s) >= 2 and kind in (None, b.kind)]
+
+    def report(self, buffers=None) -> str:
+        """Buffers by size, largest first: for a failing assertion's message."""
+        chosen = sorted(self.buffers if buffers is None else buffers, key=lambda b: -b.nbytes)
+        return ", ".join(str(b) for b in chosen[:12])
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One tensor `LargeTensors` saw."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    storage: int
+    where: str
+    tensor: weakref.ref = dataclasses.field(compare=False, repr=False)
+
+    def alive(self) -> bool:
+        """Whether the tensor is still referenced (a cache, a later layer's graph)."""
+        return self.tensor() is not None
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.shape} {self.dtype} {self.nbytes} B at {self.where}"
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+
+
+def _tensors(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if torch.is_tensor(t)]

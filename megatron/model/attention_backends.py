@@ -5,7 +5,9 @@ Every backend is an `nn.Module` called as `backend(q, k, v, bias=None)` with
     q: (s, b, nq, d)   this rank's query heads (Megatron layout)
     k, v: (s, b, nkv, d)   this rank's key/value heads; nq is a multiple of nkv (query head i
         uses key/value head i // (nq / nkv), grouped-query attention)
-    bias: None or an additive score bias broadcastable to (b, nq, sq, sk) (ALiBi)
+    bias: None or an additive score bias broadcastable to (b, nq, sq, sk) (ALiBi, T5's) that
+        already holds the causal and window mask (the dtype's lowest value where a key is
+        blocked, `attention_masks.py`): SDPA takes it as its mask as it is
 
 and returns the context `(s, b, nq, d)`. Attention is causal. Backends, chosen per layer by the
 layer's attention type (`attention_config`) and the softmax-fusion keys:
@@ -15,11 +17,15 @@ layer's attention type (`attention_config`) and the softmax-fusion keys:
 | `global` | `GlobalAttention`          | `FusedSoftmaxAttention` (CUDA kernel when built)   |
 | `flash`, `sdpa` | `SDPAAttention` (torch `scaled_dot_product_attention`; flash on GPU) |
 
-`GlobalAttention` is the same function as `ReferenceAttention` (GPT-NeoX's `global` without
-fusion) computed by SDPA where SDPA computes exactly that: causal, no score bias (ALiBi), no
-window, no attention dropout (whose random draws would differ), as many queries as keys; SDPA's
-kernels accumulate the softmax in fp32 and the layer scaling cancels in exact arithmetic, so
-both keys hold there too. Anywhere else it is `ReferenceAttention`.
+`GlobalAttention` and `FusedSoftmaxAttention` are the same function as `ReferenceAttention`
+(GPT-NeoX's `global`), computed by SDPA wherever SDPA computes exactly that: everywhere but
+attention dropout in training, whose random draws (the explicit path's, which the RNG parity
+tests replay) SDPA would make differently. There they are `ReferenceAttention`, the second
+with the fused softmax kernel. SDPA's kernels accumulate the softmax in fp32 and the layer
+scaling cancels in exact arithmetic, so `attention_softmax_in_fp32` and
+`apply_query_key_layer_scaling` hold on that path too. The explicit path materialises the
+`(b, nq, s, s)` scores and keeps the probabilities for the backward; SDPA's flash kernel (no
+mask) keeps neither, its memory-efficient kernel (a bias or a window) only the shared mask.
 
 `attention_softmax_in_fp32` and `apply_query_key_layer_scaling` (scores divided by the layer
 number before the fp32 softmax, then multiplied back) apply to the explicit-softmax backends;
@@ -28,9 +34,15 @@ SDPA picks its own accumulation precision. Attention dropout draws from the tens
 
 Sliding window (`sliding_window_width` W, GPT-NeoX's definition): query `i` sees key `j` iff
 `0 <= i - j <= W` (itself and the W keys before it; Hugging Face's `sliding_window` = W + 1).
-Every backend applies it as an explicit mask (`blocked_keys`); the fused causal kernel does not
-take one, so those layers use the PyTorch softmax. Queries are the last `sq` of the `sk` keys,
-so the same mask serves the key/value cache (`megatron/inference/kv_cache.py`).
+SDPA takes it as one additive `(s, s)` mask per forward (`attention_masks.additive_mask`),
+the explicit softmax as a bool mask (`blocked_keys`); the fused causal kernel does not take
+one, so those layers use the PyTorch softmax. Queries are the last `sq` of the `sk` keys, so
+the same mask serves the key/value cache (`megatron/inference/kv_cache.py`).
+
+With a mask and grouped key/value heads, SDPA is given every query head's keys and values
+(expanded, O(s) memory): on CUDA only the flash kernel takes `enable_gqa`, and it takes no
+mask, so `enable_gqa` with a mask would fall back to the math kernel and its `(b, nq, s, s)`
+probabilities.
 """
 
 from __future__ import annotations
@@ -48,18 +60,9 @@ from megatron.kernels import (
     reference_scaled_masked_softmax,
 )
 from megatron.model.args import ModelArgs, choose
+from megatron.model.attention_masks import additive_mask, blocked_keys
 from megatron.parallel import MODEL_PARALLEL_RNG, get_rng_tracker
 from megatron.parallel.comm import group_size
-
-
-def blocked_keys(sq: int, sk: int, window: int | None, device=None) -> torch.Tensor:
-    """`(sq, sk)` bool, True where query `i` may not see key `j`: the queries are the last `sq`
-    of the `sk` positions; a key after the query, or more than `window` before it, is blocked."""
-    distance = (torch.arange(sq, device=device) + (sk - sq))[:, None] - torch.arange(
-        sk, device=device
-    )
-    blocked = distance < 0
-    return blocked if window is None else blocked | (distance > window)
 
 
 def tensor_parallel_dropout_context(tp_group):
@@ -140,9 +143,20 @@ class ReferenceAttention(AttentionBackend):
         return self.context(self.softmax(scores), v)
 
 
-class FusedSoftmaxAttention(ReferenceAttention):
-    """Scale, causal mask and softmax in one CUDA kernel (`FusedScaleMaskSoftmax`), which
-    falls back to the PyTorch reference where the kernel does not apply."""
+class GlobalAttention(ReferenceAttention):
+    """`global` attention: SDPA, or the explicit softmax for attention dropout in training
+    (see the module docstring)."""
+
+    def forward(self, q, k, v, bias=None):
+        if self.training and self.dropout_p > 0:
+            return super().forward(q, k, v, bias)
+        return scaled_dot_product(self, q, k, v, bias)
+
+
+class FusedSoftmaxAttention(GlobalAttention):
+    """`global` with the softmax-fusion keys: SDPA where `GlobalAttention` takes it; elsewhere
+    scale, causal mask and softmax in one CUDA kernel (`FusedScaleMaskSoftmax`), which falls
+    back to the PyTorch reference where the kernel does not apply or was not built."""
 
     def __init__(self, args: ModelArgs, layer_number: int, tp_group=None):
         super().__init__(args, layer_number, tp_group)
@@ -159,46 +173,52 @@ class FusedSoftmaxAttention(ReferenceAttention):
         return self.fused_softmax(scores)
 
 
-class GlobalAttention(ReferenceAttention):
-    """`global` attention without fusion: SDPA in the common case, the explicit softmax where
-    SDPA would compute something else (see the module docstring)."""
-
-    def forward(self, q, k, v, bias=None):
-        if (
-            bias is None
-            and self.window is None
-            and not (self.training and self.dropout_p > 0)
-            and q.shape[0] == k.shape[0]
-        ):
-            return SDPAAttention.forward(self, q, k, v)
-        return super().forward(q, k, v, bias)
-
-
 class SDPAAttention(AttentionBackend):
     """`torch.nn.functional.scaled_dot_product_attention` (flash/memory-efficient kernels)."""
 
     def forward(self, q, k, v, bias=None):
-        # (s, b, n, d) -> (b, n, s, d)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
-        mask = None
-        if bias is not None or self.window is not None:
-            blocked = blocked_keys(q.shape[-2], k.shape[-2], self.window, q.device)
-            bias = torch.zeros(blocked.shape, device=q.device) if bias is None else bias
-            mask = bias.to(q.dtype).masked_fill(blocked, torch.finfo(q.dtype).min)
-        dropout_p = self.dropout_p if self.training else 0.0
-        rng = tensor_parallel_dropout_context(self.tp_group) if dropout_p else None
-        with rng or contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                is_causal=mask is None,
-                scale=self.scale,
-                enable_gqa=q.shape[1] != k.shape[1],
-            )
-        return out.permute(2, 0, 1, 3)  # (s, b, nq, d)
+        return scaled_dot_product(self, q, k, v, bias)
+
+
+def sdpa_mask(backend: AttentionBackend, q, k, bias) -> torch.Tensor | None:
+    """SDPA's additive mask for `(b, n, s, d)` q and k: the (pre-masked) bias, the shared window
+    or end-aligned causal mask, or None where `is_causal` says it all (the flash kernel)."""
+    if bias is not None:
+        return bias.to(q.dtype)
+    sq, sk = q.shape[-2], k.shape[-2]
+    if backend.window is None and sq == sk:
+        return None
+    return additive_mask(sq, sk, backend.window, q.device, q.dtype)
+
+
+def every_key_value_head(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """`(b, nkv, s, d)` -> `(b, nkv * groups, s, d)`: key/value head `i // groups` for head i."""
+    b, nkv, s, d = t.shape
+    return t[:, :, None].expand(b, nkv, groups, s, d).reshape(b, nkv * groups, s, d)
+
+
+def scaled_dot_product(backend: AttentionBackend, q, k, v, bias=None) -> torch.Tensor:
+    """The backend's attention by SDPA, in the backends' `(s, b, n, d)` layout."""
+    # (s, b, n, d) -> (b, n, s, d)
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+    mask = sdpa_mask(backend, q, k, bias)
+    groups = q.shape[1] // k.shape[1]
+    if mask is not None and groups > 1:  # see the module docstring
+        k, v = every_key_value_head(k, groups), every_key_value_head(v, groups)
+    dropout_p = backend.dropout_p if backend.training else 0.0
+    rng = tensor_parallel_dropout_context(backend.tp_group) if dropout_p else None
+    with rng or contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            is_causal=mask is None,
+            scale=backend.scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+    return out.permute(2, 0, 1, 3)  # (s, b, nq, d)
 
 
 # (attention type, softmax fusion on) -> backend class

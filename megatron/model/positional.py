@@ -11,8 +11,10 @@ Two places can use positions, so each encoding is split into (at most) two parts
 
 `none` uses neither. Every attention-side class implements one method,
 `encode(q, k, position_ids) -> (q, k, score_bias)`, where `score_bias` is None or an additive
-bias broadcastable to the scores `(b, heads/tp, sq, sk)`. Positions come from the batch's
-`position_ids` `(b, s)`, so documents packed with reset positions are encoded correctly.
+bias broadcastable to the scores `(b, heads/tp, sq, sk)` in the compute dtype (q's), holding the
+causal and window mask (the attention backends' contract, `attention_backends.py`). Positions
+come from the batch's `position_ids` `(b, s)`, so documents packed with reset positions are
+encoded correctly.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import nn
 
 from megatron.kernels import apply_rotary_pos_emb, reference_rotary
 from megatron.model.args import ModelArgs, choose
+from megatron.model.attention_masks import PER_FORWARD, blocked_keys
 from megatron.model.init_methods import input_init
 from megatron.model.relative_bias import RelativePositionBias
 from megatron.model.rope_scaling import rope_rule
@@ -120,7 +123,12 @@ def alibi_slopes(num_heads: int) -> list[float]:
 class AlibiBias(NoAttentionPositions):
     """ALiBi: adds `slope_h * (pos_k - pos_q)` (<= 0 where attention is allowed) to scores.
 
-    Each tensor-parallel rank keeps the slopes of its own heads.
+    Each tensor-parallel rank keeps the slopes of its own heads. The bias is built once per
+    forward (`attention_masks.PER_FORWARD`, shared by the layers) in the compute dtype, with the
+    causal and window mask in it (the backends' contract): `(rows, heads/tp, s, s)` with the
+    rows of `position_ids`, so one row of positions for a batch whose rows agree gives a bias
+    broadcast over the batch. Rows that may differ (documents packed with reset positions) keep
+    theirs: telling that they agree would read the device.
     """
 
     def __init__(self, args: ModelArgs, tp_group=None):
@@ -129,12 +137,23 @@ class AlibiBias(NoAttentionPositions):
         first = group_rank(tp_group) * local
         slopes = torch.tensor(alibi_slopes(args.num_attention_heads)[first : first + local])
         self.register_buffer("slopes", slopes, persistent=False)
+        self.window = args.sliding_window_width
+        self.key = ("alibi", args.num_attention_heads, first, local, self.window)
 
     def encode(self, q, k, position_ids):
-        pos = position_ids.float()
-        distance = pos.unsqueeze(1) - pos.unsqueeze(2)  # (b, sq, sk): pos_k - pos_q
-        bias = self.slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(1)  # (b, n/tp, sq, sk)
+        key = (*self.key, q.dtype, q.device)
+        bias = PER_FORWARD.get(position_ids, key, lambda: self.bias(position_ids, q.dtype))
         return q, k, bias
+
+    def bias(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`(rows, heads/tp, s, s)` in `dtype`: the product in fp32, rounded once."""
+        pos = position_ids.float()
+        distance = (pos.unsqueeze(1) - pos.unsqueeze(2)).unsqueeze(1)  # (b, 1, sq, sk)
+        rows, _, sq, sk = distance.shape
+        bias = torch.empty(rows, len(self.slopes), sq, sk, dtype=dtype, device=pos.device)
+        torch.mul(self.slopes.float().view(1, -1, 1, 1), distance, out=bias)
+        blocked = blocked_keys(sq, sk, self.window, pos.device)
+        return bias.masked_fill_(blocked, torch.finfo(dtype).min)
 
 
 # pos_emb -> (input-side class or None, attention-side class, each with `encode`)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.args import ModelArgs
+from megatron.model.attention_masks import PER_FORWARD, additive_mask
 from megatron.parallel.params import sharded_parameter
 
 
@@ -48,18 +49,32 @@ def relative_position_bucket(
 
 class RelativePositionBias(nn.Module):
     """Attention side of `pos_emb: rpe`: `encode(q, k, position_ids) -> (q, k, bias)` with
-    bias `(b, heads/tp, sq, sk)` (this rank's heads)."""
+    bias `(b, heads/tp, sq, sk)` (this rank's heads) in the compute dtype, holding the causal
+    and window mask (the attention backends' contract).
+
+    The buckets depend on the positions alone: built once per forward
+    (`attention_masks.PER_FORWARD`) as int32, the one copy every layer's embedding lookup
+    keeps for its backward. The bias itself is this layer's (its own table).
+    """
 
     def __init__(self, args: ModelArgs, tp_group=None):
         super().__init__()
         self.num_buckets = args.rpe_num_buckets
         self.max_distance = args.rpe_max_distance
         self.scale = math.sqrt(args.head_dim)
+        self.window = args.sliding_window_width
         shape = (args.rpe_num_buckets, args.num_attention_heads)
         self.weight = sharded_parameter(shape, 1, nn.init.xavier_normal_, tp_group)
 
-    def encode(self, q, k, position_ids):
+    def buckets(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """`(b, sq, sk)` int32 buckets of `pos_q - pos_k`."""
         distance = position_ids.unsqueeze(2) - position_ids.unsqueeze(1)  # (b, sq, sk)
-        buckets = relative_position_bucket(distance, self.num_buckets, self.max_distance)
-        bias = F.embedding(buckets, self.weight) * self.scale  # (b, sq, sk, heads/tp)
-        return q, k, bias.permute(0, 3, 1, 2)
+        return relative_position_bucket(distance, self.num_buckets, self.max_distance).int()
+
+    def encode(self, q, k, position_ids):
+        key = ("rpe buckets", self.num_buckets, self.max_distance, position_ids.device)
+        buckets = PER_FORWARD.get(position_ids, key, lambda: self.buckets(position_ids))
+        bias = F.embedding(buckets, self.weight * self.scale)  # (b, sq, sk, heads/tp)
+        sq, sk = buckets.shape[-2:]
+        mask = additive_mask(sq, sk, self.window, q.device, q.dtype)
+        return q, k, bias.permute(0, 3, 1, 2).to(q.dtype) + mask

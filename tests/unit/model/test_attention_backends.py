@@ -64,7 +64,8 @@ def test_backend_matches_textbook_attention(backend, alibi):
     bias = None
     if alibi:
         positions = torch.stack([torch.arange(S), torch.arange(S) % 3])  # per-row positions
-        _, _, bias = AlibiBias(args).encode(None, None, positions)
+        q, k, _ = inputs()
+        _, _, bias = AlibiBias(args).encode(q, k, positions)
     expected, expected_grads = run(naive_attention, bias)
     actual, grads = run(backend(args, layer_number=3).eval(), bias)
     assert_close(actual, expected, f"{backend.__name__} output", tol=1e-6)
@@ -125,21 +126,25 @@ def sdpa_calls(monkeypatch, backend, bias=None):
     return len(calls)
 
 
-def test_global_attention_takes_sdpa_only_where_it_is_the_same_function(monkeypatch):
-    """GPT-NeoX's default attention (`global`, no fusion) runs SDPA's fused kernels; a bias, a
-    window or attention dropout keep the explicit softmax."""
+@pytest.mark.parametrize("backend", [GlobalAttention, FusedSoftmaxAttention])
+def test_global_attention_takes_sdpa_wherever_it_is_the_same_function(monkeypatch, backend):
+    """GPT-NeoX's `global` attention, with or without the softmax-fusion keys, runs SDPA's
+    fused kernels, with an ALiBi bias and a window too; attention dropout in training keeps
+    the explicit softmax (whose draws the RNG parity tests replay)."""
     args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
-    assert sdpa_calls(monkeypatch, build_attention_backend(args, 0).eval()) == 1
-    bias = torch.zeros(1, NQ, S, S)
-    assert sdpa_calls(monkeypatch, GlobalAttention(args, 1).eval(), bias) == 0
+    assert sdpa_calls(monkeypatch, backend(args, 1).eval()) == 1
+    q, k, _ = inputs()
+    _, _, bias = AlibiBias(args).encode(q, k, torch.arange(S).expand(B, S))
+    assert sdpa_calls(monkeypatch, backend(args, 1).eval(), bias) == 1
     windowed = neox_args(
         num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D, sliding_window_width=2
     )
-    assert sdpa_calls(monkeypatch, GlobalAttention(windowed, 1).eval()) == 0
+    assert sdpa_calls(monkeypatch, backend(windowed, 1).train()) == 1
     dropout = neox_args(
         num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D, attention_dropout=0.1
     )
-    assert sdpa_calls(monkeypatch, GlobalAttention(dropout, 1).train()) == 0
+    assert sdpa_calls(monkeypatch, backend(dropout, 1).eval()) == 1
+    assert sdpa_calls(monkeypatch, backend(dropout, 1).train()) == 0
 
 
 def test_alibi_slopes_follow_the_paper():

@@ -74,7 +74,8 @@ def test_sliding_window_matches_masked_attention(backend, window, alibi):
     )
     bias = None
     if alibi:
-        _, _, bias = AlibiBias(args).encode(None, None, torch.arange(S).expand(B, S))
+        q = torch.zeros(S, B, NQ, D)
+        _, _, bias = AlibiBias(args).encode(q, q, torch.arange(S).expand(B, S))
     expected, expected_grads = run(lambda q, k, v: windowed_attention(q, k, v, window, bias))
     core = backend(args, layer_number=2).eval()
     actual, grads = run(lambda q, k, v: core(q, k, v, bias))
