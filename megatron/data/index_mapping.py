@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from megatron.config.placement import node_local_rank
 from megatron.data.index_helpers import index_helpers
 from megatron.data.packing import DocumentRules, padded_packing
-from megatron.launcher.distributed import node_local_rank
 
 logger = logging.getLogger(__name__)
 

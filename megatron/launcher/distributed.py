@@ -17,6 +17,7 @@ import logging
 import os
 from datetime import timedelta
 
+from megatron.config.placement import NODE_LOCAL_RANK, node_local_rank
 from megatron.config.verbosity import quiet_deepspeed, sync_deepspeed_logger
 from megatron.launcher.errors import WorkerEnvironmentError
 from megatron.launcher.shm_buffers import release_own_buffer
@@ -25,7 +26,6 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("nccl", "gloo", "mpi", "ccl")
 _REQUIRED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-NODE_LOCAL_RANK = "MEGATRON_NODE_LOCAL_RANK"
 
 
 def choose_backend(backend: str | None, cuda_available: bool) -> str:
@@ -59,12 +59,6 @@ def device_index(local_rank: int, device_count: int) -> int:
         f"(CUDA_VISIBLE_DEVICES={visible}): DeepSpeed puts local rank N on cuda:N. Let every "
         "process see all of its node's GPUs, or exactly one (SLURM: --gpus-per-task=1)"
     )
-
-
-def node_local_rank() -> int:
-    """This process's index among its node's processes (LOCAL_RANK as the launcher set it,
-    before `pin_device` made it the device index)."""
-    return int(os.environ.get(NODE_LOCAL_RANK) or os.environ.get("LOCAL_RANK") or 0)
 
 
 def pin_device() -> int:

@@ -52,8 +52,8 @@ from megatron.checkpoint.neox_layout import config_json
 from megatron.checkpoint.neox_resume import is_neox_checkpoint
 from megatron.checkpoint.safe_load import load_file, refusal, use_safe_loading, weights_only_loading
 from megatron.checkpoint.size import free_bytes_at
+from megatron.config.placement import node_local_rank
 from megatron.config.verbosity import quiet_deepspeed
-from megatron.launcher.distributed import node_local_rank
 from megatron.training.checkpoint.disk_space import ensure_room, stop_on_failure
 from megatron.training.checkpoint.load_checks import check_model_files, neox_resume_state
 from megatron.training.checkpoint.neox_files import (

@@ -14,13 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from megatron.config.placement import NODE_LOCAL_RANK, node_local_rank
 from megatron.launcher import WorkerEnvironmentError, init_distributed
-from megatron.launcher.distributed import (
-    NODE_LOCAL_RANK,
-    device_index,
-    node_local_rank,
-    refuse_node_local_storage,
-)
+from megatron.launcher.distributed import device_index, refuse_node_local_storage
 
 
 def test_device_is_the_local_rank_when_visible_else_the_only_one():
