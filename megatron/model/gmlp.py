@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.config.checks.gmlp_rpe import GMLP_TYPES
-from megatron.kernels import reference_scaled_masked_softmax
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init, output_init
@@ -48,20 +47,20 @@ class TinyAttention(nn.Module):
     """aMLP's single causal head: `proj_ffn(softmax(q k^T / sqrt(d_attn)) v)`, q, k, v from
     `proj_qkv(z)`; `(b, s, 2 ff) -> (b, s, ff)`."""
 
-    def __init__(self, args: ModelArgs, d_attn: int, ff: int):
+    def __init__(self, d_attn: int, ff: int):
         super().__init__()
         self.proj_qkv = nn.Linear(2 * ff, 3 * d_attn)
         self.proj_ffn = nn.Linear(d_attn, ff)
         self.scale = d_attn**-0.5
-        self.softmax_in_fp32 = args.attention_softmax_in_fp32
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.proj_qkv(z).chunk(3, dim=-1)  # (b, s, d_attn) each
-        scores = torch.matmul(q, k.transpose(1, 2)).unsqueeze(1)  # (b, 1, s, s)
-        probs = reference_scaled_masked_softmax(
-            scores, None, self.scale, causal=True, softmax_in_fp32=self.softmax_in_fp32
-        ).squeeze(1)
-        return self.proj_ffn(torch.matmul(probs, v))
+        # (b, s, 3 d_attn) -> (b, 1, s, d_attn) each: SDPA's layout with the one head
+        q, k, v = self.proj_qkv(z).unsqueeze(1).chunk(3, dim=-1)
+        # Causal and without dropout, so SDPA's flash kernels compute it without the (b, 1, s, s)
+        # scores and probabilities, accumulating the softmax in fp32 (as
+        # `attention_softmax_in_fp32` asks).
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.proj_ffn(context.squeeze(1))  # (b, s, d_attn) -> (b, s, ff)
 
 
 class SpatialGatingUnit(nn.Module):
@@ -73,7 +72,7 @@ class SpatialGatingUnit(nn.Module):
         n = args.seq_length
         self.spatial_weight = nn.Parameter(torch.zeros(n, n))
         self.spatial_bias = nn.Parameter(torch.ones(n))
-        self.attn = TinyAttention(args, d_attn, ff) if d_attn is not None else None
+        self.attn = TinyAttention(d_attn, ff) if d_attn is not None else None
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         u, v = z.chunk(2, dim=-1)
@@ -83,10 +82,9 @@ class SpatialGatingUnit(nn.Module):
                 f"a gMLP layer mixes at most seq_length {self.spatial_bias.shape[0]} positions "
                 f"(its spatial projection's size), got a sequence of {n}"
             )
-        weight = self.spatial_weight[:n, :n]
-        # Causal: row i mixes positions <= i only. The mask is built where the weight lives.
-        future = torch.ones(n, n, dtype=torch.bool, device=weight.device).triu_(1)
-        weight = weight.masked_fill(future, 0.0)
+        # Causal: row i mixes positions <= i only. `tril` needs no (n, n) mask, neither built
+        # each forward nor kept for the backward (whose gradient is `tril` of the incoming one).
+        weight = self.spatial_weight[:n, :n].tril()
         # (b, s, ff) -> (b, ff, s) @ W^T -> (b, s, ff): gate_i = sum_j W_ij v_j + b_i
         gate = F.linear(self.norm(v).transpose(1, 2), weight, self.spatial_bias[:n])
         gate = gate.transpose(1, 2)
