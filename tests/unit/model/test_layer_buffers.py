@@ -13,10 +13,12 @@ so that a buffer sized by it would show.
 The (s, s) buffers a layer may hold, each because it is the layer's math:
 - gMLP and aMLP: the causal spatial weight, `tril(W[:s, :s])`, one `(s, s)` matrix per layer
   (the parameter's own size; `F.linear` keeps it for the backward). Before the fix the layer
-  also built a bool `(s, s)` mask each forward and kept it for `masked_fill`'s backward.
+  also built a bool `(s, s)` mask each forward and kept it for `masked_fill`'s backward
+  (4.2 MB).
 - aMLP's tiny attention is one causal head, which SDPA's flash kernels compute without the
-  `(b, 1, s, s)` scores: before the fix it built them (bf16), their fp32 copy, the fp32
-  probabilities and their bf16 copy, about 100 MB per layer at this shape.
+  `(b, 1, s, s)` scores: before the fix it built the scores, their scaled, masked and softmaxed
+  copies (bf16, 16.8 MB each; twice with `attention_softmax_in_fp32`) and a bool causal mask,
+  88 MB of (s, s)-sized memory per layer at this shape, where now there is the 8.4 MB weight.
 
 Largest buffer per layer at this shape (b=2, s=2048, h=96, bf16 weights), for the record:
 dense MLP's and MoE's are `(s, b, 4h)`-sized activations; Mamba's reference scan the fp32
