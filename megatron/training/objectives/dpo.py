@@ -66,8 +66,9 @@ class DPO(Objective):
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref = loss_inputs
+        # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
         pi = sequence_logps(
-            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size, consume=True
         )  # (2b,)
         pi_c, pi_r = pi.chunk(2)
         ref_c, ref_r = ref.to(pi.dtype).chunk(2)

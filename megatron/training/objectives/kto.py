@@ -90,7 +90,10 @@ class KTO(Objective):
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref, reward = loss_inputs
-        pi = sequence_logps(logits, labels, mask, self.tp_group, self.fp32, self.vocab_size)  # (b,)
+        # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
+        pi = sequence_logps(
+            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size, consume=True
+        )  # (b,)
         ratio = pi - ref.to(pi.dtype)
         half1, half2 = ratio.detach().chunk(2)
         kl1, kl2 = half1.clamp(min=0).mean(), half2.clamp(min=0).mean()

@@ -18,14 +18,25 @@ from megatron.parallel import vocab_parallel_cross_entropy
 
 
 def sequence_logps(
-    logits, labels, loss_mask, tp_group=None, fp32: bool = True, vocab_size: int | None = None
+    logits,
+    labels,
+    loss_mask,
+    tp_group=None,
+    fp32: bool = True,
+    vocab_size: int | None = None,
+    consume: bool = False,
 ) -> torch.Tensor:
     """`(b,)` sum over masked tokens of log p(label) under `(b, s, V/tp)` logits, in fp32
     (fp64 for fp64 logits), over the first `vocab_size` columns (None: all).
 
     `fp32: false` keeps the per-token values and their sum in the logits' dtype (GPT-NeoX's
-    `dpo_fp32`/`kto_fp32` off); the cross entropy itself always runs in fp32 here."""
-    token_logps = -vocab_parallel_cross_entropy(logits, labels, tp_group, vocab_size=vocab_size)
+    `dpo_fp32`/`kto_fp32` off); the cross entropy itself always runs in fp32 here. `consume`:
+    nothing reads the logits after this call, so their memory takes the softmax and then the
+    gradient (`vocab_parallel_cross_entropy`'s `consume_logits`), not a new logits-sized
+    buffer: the objectives' training losses, which the engines hand the model's output."""
+    token_logps = -vocab_parallel_cross_entropy(
+        logits, labels, tp_group, vocab_size=vocab_size, consume_logits=consume
+    )
     mask = loss_mask.to(token_logps.dtype)
     if not fp32:
         token_logps, mask = token_logps.to(logits.dtype), mask.to(logits.dtype)

@@ -11,15 +11,13 @@ are scaled down to b=2, s=256 (the real vocabulary kept): at s=2048 one bf16 ste
 on a loaded 2-core CPU, and the count does not depend on the tokens as long as the cross
 entropy runs several chunks (here 26 of 20 rows; `megatron/parallel/cross_entropy.py`).
 
-- The language-model loss: the logits alone. The cross entropy consumes them (their memory
-  holds the softmax, then the gradient the head's backward reads), and the z-loss takes the
-  logsumexp the cross entropy computes (`test_cross_entropy_single.py` counts the same without
-  a model: one buffer unconsumed, none consumed).
-- DPO and KTO: the logits and one more, the logits' gradient (the same dtype and shape, 824 MB
-  in fp32 at b=2, s=2048): `sequence_logps` calls the cross entropy without
-  `consume_logits`, so its backward writes a new buffer. Consuming them there would overwrite
-  logits a caller may read after the loss, and fail on logits that are a leaf of the graph
-  (the objectives' tests pass such logits), so it is left to the objectives' owners.
+- Every path: the logits alone. The cross entropy consumes them (their memory holds the
+  softmax, then the gradient the head's backward reads), the z-loss takes the logsumexp the
+  cross entropy computes, and DPO's and KTO's log-probabilities consume them as the
+  language-model loss does (`sequence_logps(consume=True)`; before, their backward wrote the
+  logits' gradient into a new buffer: 824 MB in fp32 at b=2, s=2048).
+  `test_cross_entropy_single.py` counts the same without a model: one buffer unconsumed, none
+  consumed.
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ LARGE = B * S * VOCAB // 2  # elements: half the logits
 PATHS = {
     "lm": ("normal", 0.0, 1),
     "lm z_loss": ("normal", 1e-4, 1),
-    "dpo": ("dpo", 0.0, 2),
-    "kto": ("kto", 0.0, 2),
+    "dpo": ("dpo", 0.0, 1),
+    "kto": ("kto", 0.0, 1),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

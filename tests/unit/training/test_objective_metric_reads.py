@@ -136,7 +136,7 @@ def _kto_step(objective, token_rewards, seed):
     _, (labels, mask, _, reward) = objective.model_inputs(sample, BatchSettings())
     logits = _batch(6, 5, seed=seed)[0]
     ref = torch.zeros(6, dtype=torch.float64)
-    objective.loss(logits, (labels, mask, ref, reward))
+    objective.loss(logits.clone(), (labels, mask, ref, reward))  # it consumes its logits
     return BETA * _seq_logps(logits, labels, mask), torch.tensor(token_rewards).sum(-1)
 
 

@@ -95,7 +95,7 @@ def test_dpo_loss_and_gradient_match_the_paper(beta):
     ref = torch.randn(6, dtype=torch.float64)
     ours_logits = logits.clone().requires_grad_()
     theirs_logits = logits.clone().requires_grad_()
-    ours = objective.loss(ours_logits, (labels, mask, ref))
+    ours = objective.loss(ours_logits.clone(), (labels, mask, ref))  # consumes them
     theirs = dpo_reference(_seq_logps(theirs_logits, labels, mask), ref, beta)
     ours.backward(), theirs.backward()
     torch.testing.assert_close(ours.double(), theirs, rtol=1e-6, atol=1e-9)
@@ -146,7 +146,9 @@ def test_kto_loss_and_gradient_match_the_paper():
     tokens = torch.tensor(KTO_REWARDS, dtype=torch.float64)
     ours_logits = logits.clone().requires_grad_()
     theirs_logits = logits.clone().requires_grad_()
-    ours = objective.loss(ours_logits, (labels, mask, ref, reward))
+    ours = objective.loss(
+        ours_logits.clone(), (labels, mask, ref, reward)
+    )  # it consumes its logits
     theirs = kto_reference(_seq_logps(theirs_logits, labels, mask), ref, tokens, beta, w_d, w_u)
     ours.backward(), theirs.backward()
     torch.testing.assert_close(ours.double(), theirs, rtol=1e-6, atol=1e-9)
