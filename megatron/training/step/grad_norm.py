@@ -17,6 +17,8 @@ which counts every gradient once:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from megatron.parallel import is_tensor_parallel
@@ -99,3 +101,95 @@ def clip_bf16_on_device(optimizer) -> None:
 
     if isinstance(optimizer, bf16_optimizer.BF16_Optimizer):
         bf16_optimizer.clip_tensors_by_global_norm = clip_tensors_on_device
+
+
+# The attribute of a DeepSpeed optimizer wrapper holding its `ZeroStepChecks`, which the
+# non-finite step check (`nonfinite.py`) runs and reads with its own flag.
+WRAPPER_CHECKS = "megatron_step_checks"
+# The attribute of a gradient norm tensor whose validity was read with the step's flag.
+NORM_VERDICT = "megatron_norm_is_invalid"
+
+
+def _answered_or_checked(check):
+    """DeepSpeed's `is_invalid_grad_norm` (`check`), answered without a read for a norm that
+    carries the verdict already read (`NORM_VERDICT`)."""
+
+    @functools.wraps(check)
+    def is_invalid_grad_norm(norm):
+        known = getattr(norm, NORM_VERDICT, None) if torch.is_tensor(norm) else None
+        return check(norm) if known is None else known
+
+    return is_invalid_grad_norm
+
+
+def _invalid(norm) -> torch.Tensor:
+    """`is_invalid_grad_norm(norm)` of DeepSpeed 0.19.8, as a 0-dim tensor, without reading."""
+    return (~torch.isfinite(norm) | (norm < 0)).any()
+
+
+class ZeroStepChecks:
+    """ZeRO 1/2's step (`DeepSpeedZeroOptimizer`) with no read of its own.
+
+    DeepSpeed 0.19.8's step reads its overflow flag (fp16/bf16: `has_overflow`), then asks
+    `is_invalid_grad_norm` of its scaled global norm once before the update and once per
+    parameter group while unscaling: 3-4 reads per step. Here, before the step, `on_device()`
+    computes the same overflow flag (the same test of the same partitions, reduced over the
+    same groups) and the same norm (`scaled_global_norm`, the wrapper's own), and the flag and
+    the norm's validity are read with the non-finite step's flag (`read`). The step then takes
+    its overflow flag and norm from here (each once), and its validity checks of that norm
+    answer the verdict read (`is_invalid_grad_norm` rebound in DeepSpeed's module to
+    `_answered_or_checked`, which checks any other norm as DeepSpeed does). Its clipping is
+    already a device-side clamp. The collectives run in the step's order, on every rank.
+    """
+
+    def __init__(self, optimizer):
+        from deepspeed.runtime.zero import stage_1_and_2
+
+        self.optimizer, self.norm, self.overflow = optimizer, None, None
+        self._norm, self._has_overflow = optimizer.scaled_global_norm, optimizer.has_overflow
+        optimizer.scaled_global_norm, optimizer.has_overflow = self.scaled_global_norm, self.flag
+        setattr(optimizer, WRAPPER_CHECKS, self)
+        check = stage_1_and_2.is_invalid_grad_norm
+        if not hasattr(check, "__wrapped__"):  # once per process
+            stage_1_and_2.is_invalid_grad_norm = _answered_or_checked(check)
+
+    def on_device(self) -> torch.Tensor:
+        """[overflow anywhere, norm invalid] as fp32 on the device, agreed as the step would."""
+        from deepspeed import comm as dist
+
+        opt = self.optimizer
+        overflow = torch.zeros(1, dtype=torch.uint8, device=opt.device)
+        if opt.check_grad_overflow:
+            overflow = opt.has_overflow_partitioned_grads_serial().byte().to(opt.device)
+            dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=opt.dp_process_group)
+            opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
+        self.norm = self._norm() if opt.compute_grad_norm else None
+        invalid = _invalid(self.norm) if self.norm is not None else torch.zeros_like(overflow)
+        return torch.cat([overflow.float(), invalid.float().reshape(1)])
+
+    def read(self, values) -> None:
+        """The values of `on_device()`, read by the caller; the step answers from them."""
+        overflow, invalid = values
+        self.overflow = bool(overflow)
+        if self.norm is not None:
+            setattr(self.norm, NORM_VERDICT, bool(invalid))
+
+    def scaled_global_norm(self, norm_type=2):
+        norm, self.norm = self.norm, None
+        return self._norm(norm_type) if norm is None else norm
+
+    def flag(self, partition_gradients=True):
+        overflow, self.overflow = self.overflow, None
+        return self._has_overflow(partition_gradients) if overflow is None else overflow
+
+    def clear(self) -> None:
+        """Nothing computed for one step is given to another."""
+        self.norm = self.overflow = None
+
+
+def zero_checks_on_device(optimizer) -> None:
+    """Give DeepSpeed's ZeRO 1/2 wrapper `ZeroStepChecks` (any other optimizer: nothing)."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    if isinstance(optimizer, DeepSpeedZeroOptimizer) and not optimizer.cpu_offload:
+        ZeroStepChecks(optimizer)
