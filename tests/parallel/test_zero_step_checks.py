@@ -1,9 +1,9 @@
-"""The ZeRO wrappers' checks, moved to the device and read with the step's one flag
-(`grad_norm.ZeroStepChecks`), train exactly as DeepSpeed's own: over two data-parallel gloo
-ranks, each layout runs the same steps twice, with the checks on the device and as DeepSpeed
-does them (`zero_checks_on_device` made a no-op), and every number of each step agrees: the
-loss, whether the step was applied, the skipped-step count, the loss scale, the gradient norm
-DeepSpeed reports, and the weights after the last step.
+"""The ZeRO and bf16 wrappers' checks, moved to the device and read with the step's one flag
+(`grad_norm.ZeroStepChecks`, `grad_norm.Bf16StepChecks`), train exactly as DeepSpeed's own:
+over two data-parallel gloo ranks, each layout runs the same steps twice, with the checks on
+the device and as DeepSpeed does them (`zero_checks_on_device` made a no-op), and every number
+of each step agrees: the loss, whether the step was applied, the skipped-step count, the loss
+scale, the gradient norm DeepSpeed reports, and the weights after the last step.
 
 The steps exercise each decision: clipping (`gradient_clipping` below every norm here), an
 inf gradient under a finite loss (DeepSpeed's own overflow skip; fp16: the scale's hysteresis
@@ -24,16 +24,19 @@ from tests.unit.training.test_fp16_engine_scaling import _allow_fp16_on_cpu
 pytestmark = pytest.mark.slow
 
 FP16 = dict(fp16={"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "hysteresis": 2})
+BF16 = dict(precision="bfloat16")
 LAYOUTS = {
     "plain-fp32-zero1": dict(pipe_parallel_size=0, zero_optimization={"stage": 1}),
     "plain-fp32-zero2": dict(pipe_parallel_size=0, zero_optimization={"stage": 2}),
-    "plain-bf16-zero2": dict(
-        pipe_parallel_size=0, precision="bfloat16", zero_optimization={"stage": 2}
-    ),
+    "plain-bf16-zero2": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 2}),
     "plain-fp16-zero1": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 1}),
     "plain-fp16-zero2": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 2}),
     "pipe-fp32-zero1": dict(pipe_parallel_size=1, zero_optimization={"stage": 1}),
     "pipe-fp16-zero1": dict(FP16, pipe_parallel_size=1, zero_optimization={"stage": 1}),
+    # DeepSpeed's BF16_Optimizer
+    "plain-bf16-zero1": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 1}),
+    "pipe-bf16-zero0": dict(BF16, pipe_parallel_size=1, zero_optimization={"stage": 0}),
+    "pipe-bf16-zero1": dict(BF16, pipe_parallel_size=1, zero_optimization={"stage": 1}),
 }
 STEPS = 6
 INF_GRAD_AT, NAN_WEIGHTS_AT = 1, 3

@@ -122,6 +122,31 @@ def _answered_or_checked(check):
     return is_invalid_grad_norm
 
 
+class _KnownNorm(list):
+    """Gradients (or group norms) carrying the norm computed of them before the step."""
+
+    norm = None
+
+
+def _known_or_computed(compute):
+    """A DeepSpeed norm function (`compute`) that returns the norm a `_KnownNorm` carries."""
+
+    @functools.wraps(compute)
+    def norm_of(*args, **kwargs):
+        given = (a for a in (*args, *kwargs.values()) if isinstance(a, _KnownNorm))
+        known = next(given, _KnownNorm()).norm
+        return compute(*args, **kwargs) if known is None else known
+
+    return norm_of
+
+
+def _rebind(module, name: str, wrap) -> None:
+    """`module.name` replaced by `wrap(module.name)`, once per process."""
+    function = getattr(module, name)
+    if not hasattr(function, "__wrapped__"):
+        setattr(module, name, wrap(function))
+
+
 def _invalid(norm) -> torch.Tensor:
     """`is_invalid_grad_norm(norm)` of DeepSpeed 0.19.8, as a 0-dim tensor, without reading."""
     return (~torch.isfinite(norm) | (norm < 0)).any()
@@ -149,9 +174,7 @@ class ZeroStepChecks:
         self._norm, self._has_overflow = optimizer.scaled_global_norm, optimizer.has_overflow
         optimizer.scaled_global_norm, optimizer.has_overflow = self.scaled_global_norm, self.flag
         setattr(optimizer, WRAPPER_CHECKS, self)
-        check = stage_1_and_2.is_invalid_grad_norm
-        if not hasattr(check, "__wrapped__"):  # once per process
-            stage_1_and_2.is_invalid_grad_norm = _answered_or_checked(check)
+        _rebind(stage_1_and_2, "is_invalid_grad_norm", _answered_or_checked)
 
     def on_device(self) -> torch.Tensor:
         """[overflow anywhere, norm invalid] as fp32 on the device, agreed as the step would."""
@@ -187,9 +210,61 @@ class ZeroStepChecks:
         self.norm = self.overflow = None
 
 
+class Bf16StepChecks:
+    """`BF16_Optimizer`'s step (bf16 on the pipeline engine, and at ZeRO 1 on both) with no
+    read of its own.
+
+    DeepSpeed 0.19.8's step computes the global norm of its gradients and asks
+    `is_invalid_grad_norm` of it: a read per step. Here `on_device()` computes the same norm
+    (the same gradients, `get_grads_for_norm`, the same function and groups) before the step,
+    and its validity is read with the non-finite step's flag. The step's own gradient list then
+    carries that norm (`_KnownNorm`), which its norm function returns instead of computing it
+    again, and its validity check answers the verdict read. Without mixture-of-experts layers
+    only (their norm takes another function).
+    """
+
+    def __init__(self, optimizer):
+        from deepspeed.runtime import bf16_optimizer
+
+        self.optimizer, self.norm = optimizer, None
+        self._grads = optimizer.get_grads_for_norm
+        optimizer.get_grads_for_norm = self.grads_for_norm
+        setattr(optimizer, WRAPPER_CHECKS, self)
+        _rebind(bf16_optimizer, "is_invalid_grad_norm", _answered_or_checked)
+        _rebind(bf16_optimizer, "get_global_norm_of_tensors", _known_or_computed)
+
+    def on_device(self) -> torch.Tensor:
+        """[norm invalid] as fp32 on the device."""
+        from deepspeed.runtime.utils import get_global_norm_of_tensors
+
+        opt = self.optimizer
+        grads, _ = self._grads()
+        self.norm = get_global_norm_of_tensors(grads, mpu=opt.mpu, norm_type=opt.norm_type)
+        return _invalid(self.norm).float().reshape(1)
+
+    def read(self, values) -> None:
+        setattr(self.norm, NORM_VERDICT, bool(values[0]))
+
+    def grads_for_norm(self, for_clipping=False):
+        grads = self._grads(for_clipping=for_clipping)
+        if for_clipping or self.norm is None:
+            return grads
+        non_expert, expert = grads
+        known = _KnownNorm(non_expert)
+        known.norm, self.norm = self.norm, None
+        return known, expert
+
+    def clear(self) -> None:
+        self.norm = None
+
+
 def zero_checks_on_device(optimizer) -> None:
-    """Give DeepSpeed's ZeRO 1/2 wrapper `ZeroStepChecks` (any other optimizer: nothing)."""
+    """Give DeepSpeed's ZeRO 1/2 wrapper `ZeroStepChecks` and its bf16 wrapper
+    `Bf16StepChecks` (any other optimizer, or a layout they do not cover: nothing)."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     if isinstance(optimizer, DeepSpeedZeroOptimizer) and not optimizer.cpu_offload:
         ZeroStepChecks(optimizer)
+    elif isinstance(optimizer, BF16_Optimizer) and not optimizer.has_moe_layers:
+        Bf16StepChecks(optimizer)

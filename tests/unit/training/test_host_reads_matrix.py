@@ -67,7 +67,6 @@ FEATURES = {
 # `megatron/config/checks/optimizer_engines.py` names for each layout:
 UNFUSED = "FP16_UnfusedOptimizer: utils.py:293 per parameter tensor (27), 323, 582, 585"
 ZERO3 = "ZeRO 3: is_invalid_grad_norm (utils.py:233)"
-BF16 = "BF16_Optimizer: is_invalid_grad_norm (utils.py:233)"
 MOE_READS = "per MoE layer and micro-batch: nonzero per expert (moe.py:217), bincount "
 MOE_READS += "(moe_router.py:54), loss sums (moe.py:183-184); moe_grads.py:185 (host values)"
 METRICS = "objective metrics: float(total), float(count) per micro-batch (objectives/base.py:39-40)"
@@ -91,7 +90,7 @@ TABLE = {
     "plain-fp32-zero2": (1, 0, ""),
     "plain-fp32-zero3": (2, 0, ZERO3),
     "plain-bf16-zero0": (33, 0, UNFUSED),
-    "plain-bf16-zero1": (2, 0, BF16),
+    "plain-bf16-zero1": (1, 0, ""),
     "plain-bf16-zero2": (1, 0, ""),
     "plain-bf16-zero3": (2, 0, ZERO3),
     "plain-fp16-zero0": (33, 0, UNFUSED),
@@ -100,8 +99,8 @@ TABLE = {
     "plain-fp16-zero3": (3, 0, ZERO3 + " and the overflow flag (zero/stage3.py:3042)"),
     "pipe-fp32-zero0": (1, 0, ""),
     "pipe-fp32-zero1": (1, 0, ""),
-    "pipe-bf16-zero0": (3, 0, BF16),
-    "pipe-bf16-zero1": (2, 0, BF16 + " (stage 1 with fp32 gradient accumulation)"),
+    "pipe-bf16-zero0": (1, 0, ""),
+    "pipe-bf16-zero1": (1, 0, ""),
     "pipe-fp16-zero0": (33, 0, UNFUSED),
     "pipe-fp16-zero1": (1, 0, ""),
     "moe-topk": (39, 0, MOE_CAPACITY),
