@@ -1,5 +1,5 @@
 """The ZeRO and bf16 wrappers' checks, moved to the device and read with the step's one flag
-(`grad_norm.ZeroStepChecks`, `grad_norm.Bf16StepChecks`), train exactly as DeepSpeed's own:
+(`grad_norm.ZeroStepChecks`, `Zero3StepChecks`, `Bf16StepChecks`), train exactly as DeepSpeed's own:
 over two data-parallel gloo ranks, each layout runs the same steps twice, with the checks on
 the device and as DeepSpeed does them (`zero_checks_on_device` made a no-op), and every number
 of each step agrees: the loss, whether the step was applied, the skipped-step count, the loss
@@ -33,6 +33,9 @@ LAYOUTS = {
     "plain-fp16-zero2": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 2}),
     "pipe-fp32-zero1": dict(pipe_parallel_size=1, zero_optimization={"stage": 1}),
     "pipe-fp16-zero1": dict(FP16, pipe_parallel_size=1, zero_optimization={"stage": 1}),
+    "plain-fp32-zero3": dict(pipe_parallel_size=0, zero_optimization={"stage": 3}),
+    "plain-bf16-zero3": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 3}),
+    "plain-fp16-zero3": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 3}),
     # DeepSpeed's BF16_Optimizer
     "plain-bf16-zero1": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 1}),
     "pipe-bf16-zero0": dict(BF16, pipe_parallel_size=1, zero_optimization={"stage": 0}),
@@ -73,17 +76,22 @@ def _record(folder, layout, world_size) -> dict:
     out = {"loss": [], "applied": [], "scale": [], "norm": []}
     for step in range(STEPS):
         inf_grad[0] = step == INF_GRAD_AT
-        saved = params[0].detach().clone()
+        # ZeRO 3: this rank's partition too (a small parameter stays gathered)
+        first = [params[0].data, getattr(params[0], "ds_tensor", params[0].data)]
+        saved = [t.detach().clone() for t in first]  # (twice the same tensor: no harm)
         if step == NAN_WEIGHTS_AT:
-            params[0].data.fill_(math.nan)
+            torch._foreach_mul_(first, math.nan)
         out["loss"].append(steps.train_step(batches))
         if step == NAN_WEIGHTS_AT:
-            params[0].data.copy_(saved)  # the skipped step left the rest as it was
+            torch._foreach_copy_(first, saved)  # the skipped step left the rest as it was
         out["applied"].append(steps.step_applied)
         out["scale"].append(float(getattr(engine.optimizer, "loss_scale", 1.0)))
         out["norm"].append(float(engine.get_global_grad_norm() or 0.0))
     out["skipped"] = engine.skipped_steps
-    out["weights"] = [p.detach().clone() for p in engine.module.parameters()]
+    # ZeRO 3: this rank's partition
+    out["weights"] = [
+        getattr(p, "ds_tensor", p).detach().clone() for p in engine.module.parameters()
+    ]
     return out
 
 
@@ -115,7 +123,8 @@ def test_zero_checks_on_the_device_train_as_deepspeeds_own(tmp_path):
         for layout, (ours, theirs, same_weights) in results.items():
             where = f"{layout} rank {rank}"
             assert ours["applied"] == theirs["applied"], (where, ours, theirs)
-            assert not ours["applied"][INF_GRAD_AT] and not ours["applied"][NAN_WEIGHTS_AT]
+            assert not ours["applied"][INF_GRAD_AT], where
+            assert not ours["applied"][NAN_WEIGHTS_AT], where
             assert all(ours["applied"][s] for s in (0, 2, 4, 5)), (where, ours["applied"])
             assert ours["skipped"] == theirs["skipped"] == 2, where
             for key in ("loss", "scale", "norm"):

@@ -258,13 +258,91 @@ class Bf16StepChecks:
         self.norm = None
 
 
+class Zero3StepChecks:
+    """ZeRO 3's step (`DeepSpeedZeroOptimizer_Stage3`) with no read of its own.
+
+    DeepSpeed 0.19.8's step reads its overflow flag (fp16: `has_overflow`) and asks
+    `is_invalid_grad_norm` of its combined group norms: 1-2 reads per step. Here `on_device()`
+    computes both before the step, as the step does (`_overflow_on_device`; the group norms,
+    `_get_norm_groups`, combined by `combine_grad_norm_groups`), and they are read with the
+    non-finite step's flag. The step takes the flag from here; its group norms carry their
+    combination (`_KnownNorm`), which its combining function returns, and its validity check
+    answers the verdict read. What the step does before its checks (partitioning the
+    parameters, resetting its micro-step count) touches no gradient. Without Muon only (it
+    changes the gradients before their norm).
+    """
+
+    def __init__(self, optimizer):
+        from deepspeed.runtime.zero import stage3
+
+        self.optimizer, self.groups, self.overflow = optimizer, None, None
+        self._groups, self._has_overflow = optimizer._get_norm_groups, optimizer.has_overflow
+        optimizer._get_norm_groups, optimizer.has_overflow = self.norm_groups, self.flag
+        setattr(optimizer, WRAPPER_CHECKS, self)
+        _rebind(stage3, "is_invalid_grad_norm", _answered_or_checked)
+        _rebind(stage3, "combine_grad_norm_groups", _known_or_computed)
+
+    def on_device(self) -> torch.Tensor:
+        """[overflow anywhere, norm invalid] as fp32 on the device, agreed as the step would."""
+        from deepspeed.runtime.utils import combine_grad_norm_groups
+
+        opt = self.optimizer
+        overflow = torch.zeros(1, dtype=torch.uint8, device=opt.device)
+        if opt.dtype == torch.float16:
+            overflow = self._overflow_on_device()
+        self.groups = _KnownNorm(self._groups())
+        self.groups.norm = combine_grad_norm_groups(self.groups)
+        return torch.cat([overflow.float(), _invalid(self.groups.norm).float().reshape(1)])
+
+    def _overflow_on_device(self) -> torch.Tensor:
+        """DeepSpeed 0.19.8's `has_overflow()` (of the partitioned gradients) up to its read."""
+        from deepspeed import comm as dist
+        from deepspeed.accelerator import get_accelerator
+
+        opt, accelerator = self.optimizer, get_accelerator()
+        with accelerator.stream(opt.reduce_and_partition_stream):
+            opt.inf_or_nan_tracker.logical_or_(torch.isinf(opt.grad_partitions_flat_buffer).any())
+            opt.inf_or_nan_tracker.logical_or_(torch.isnan(opt.grad_partitions_flat_buffer).any())
+            overflow = opt.inf_or_nan_tracker.clone().to(opt.device).to(torch.uint8)
+            opt.inf_or_nan_tracker.zero_()
+        if not accelerator.resolves_data_dependency():
+            accelerator.default_stream().wait_stream(opt.reduce_and_partition_stream)
+        dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=opt.dp_process_group)
+        opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
+        return overflow.reshape(1)
+
+    def read(self, values) -> None:
+        """The values of `on_device()`, read by the caller; the step answers from them."""
+        overflow, invalid = values
+        self.overflow = bool(overflow)
+        setattr(self.groups.norm, NORM_VERDICT, bool(invalid))
+
+    def norm_groups(self):
+        groups, self.groups = self.groups, None
+        return self._groups() if groups is None else groups
+
+    def flag(self, partition_gradients=True):
+        overflow, self.overflow = self.overflow, None
+        if overflow is None or not partition_gradients:
+            return self._has_overflow(partition_gradients)
+        return overflow
+
+    def clear(self) -> None:
+        self.groups = self.overflow = None
+
+
 def zero_checks_on_device(optimizer) -> None:
-    """Give DeepSpeed's ZeRO 1/2 wrapper `ZeroStepChecks` and its bf16 wrapper
-    `Bf16StepChecks` (any other optimizer, or a layout they do not cover: nothing)."""
+    """Give DeepSpeed's ZeRO wrappers and its bf16 wrapper their step checks on the device
+    (`ZeroStepChecks`, `Zero3StepChecks`, `Bf16StepChecks`; any other optimizer, or a layout
+    they do not cover: nothing)."""
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     if isinstance(optimizer, DeepSpeedZeroOptimizer) and not optimizer.cpu_offload:
         ZeroStepChecks(optimizer)
+    elif isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
+        if not (optimizer.use_muon or optimizer.offload_optimizer):
+            Zero3StepChecks(optimizer)
     elif isinstance(optimizer, BF16_Optimizer) and not optimizer.has_moe_layers:
         Bf16StepChecks(optimizer)
