@@ -1,9 +1,11 @@
-"""The ZeRO and bf16 wrappers' checks, moved to the device and read with the step's one flag
-(`grad_norm.ZeroStepChecks`, `Zero3StepChecks`, `Bf16StepChecks`), train exactly as DeepSpeed's own:
-over two data-parallel gloo ranks, each layout runs the same steps twice, with the checks on
-the device and as DeepSpeed does them (`zero_checks_on_device` made a no-op), and every number
-of each step agrees: the loss, whether the step was applied, the skipped-step count, the loss
-scale, the gradient norm DeepSpeed reports, and the weights after the last step.
+"""The DeepSpeed wrappers' step checks, moved to the device and read with the step's one flag
+(`grad_norm.ZeroStepChecks`, `Zero3StepChecks`, `Bf16StepChecks`; at ZeRO 0
+`fp16_scaler.UnfusedStepChecks`), train exactly as the wrappers' own steps: over two
+data-parallel gloo ranks, each layout runs the same steps twice, with the checks on the device
+and as the step does them (`zero_checks_on_device` made a no-op and the checks unlinked, so
+the step computes and reads them itself), and every number of each step agrees: the loss,
+whether the step was applied, the skipped-step count, the loss scale, the gradient norm
+reported, and the weights after the last step.
 
 The steps exercise each decision: clipping (`gradient_clipping` below every norm here), an
 inf gradient under a finite loss (DeepSpeed's own overflow skip; fp16: the scale's hysteresis
@@ -36,6 +38,10 @@ LAYOUTS = {
     "plain-fp32-zero3": dict(pipe_parallel_size=0, zero_optimization={"stage": 3}),
     "plain-bf16-zero3": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 3}),
     "plain-fp16-zero3": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 3}),
+    # ZeRO 0: FP16_UnfusedOptimizer with our step (`fp16_scaler.step_on_device`)
+    "plain-fp16-zero0": dict(FP16, pipe_parallel_size=0, zero_optimization={"stage": 0}),
+    "plain-bf16-zero0": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 0}),
+    "pipe-fp16-zero0": dict(FP16, pipe_parallel_size=1, zero_optimization={"stage": 0}),
     # DeepSpeed's BF16_Optimizer
     "plain-bf16-zero1": dict(BF16, pipe_parallel_size=0, zero_optimization={"stage": 1}),
     "pipe-bf16-zero0": dict(BF16, pipe_parallel_size=1, zero_optimization={"stage": 0}),
@@ -45,14 +51,17 @@ STEPS = 6
 INF_GRAD_AT, NAN_WEIGHTS_AT = 1, 3
 
 
-def _record(folder, layout, world_size) -> dict:
-    """Train `STEPS` steps of `layout`; every number DeepSpeed's step decides, per step."""
+def _record(folder, layout, world_size, on_device=True) -> dict:
+    """Train `STEPS` steps of `layout`; every number DeepSpeed's step decides, per step.
+    `on_device` False: the wrapper's step checks as DeepSpeed's (ZeRO-0: `step_on_device`'s)
+    step does them, reading them itself."""
     from megatron.data import build_tokenizer
     from megatron.launcher.worker import initialize_distributed
     from megatron.parallel.random import seed_everything
     from megatron.training.setup.batches import BatchSettings
     from megatron.training.setup.data import BatchFactory, build_datasets
     from megatron.training.setup.engine import build_engine
+    from megatron.training.step.grad_norm import WRAPPER_CHECKS
     from megatron.training.step.nonfinite import NonFiniteSteps
     from megatron.training.step.steps import engine_steps
 
@@ -66,6 +75,8 @@ def _record(folder, layout, world_size) -> dict:
     tokenizer = build_tokenizer(cfg)
     parts = build_engine(cfg, topology, STEPS)
     engine = parts.engine
+    if not on_device:
+        vars(engine.optimizer).pop(WRAPPER_CHECKS, None)
     steps = engine_steps(engine, topology)
     NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss).install()
     batches = BatchFactory(cfg, topology, BatchSettings.from_config(cfg, tokenizer.eod),
@@ -104,7 +115,7 @@ def _both_ways(rank, world_size, folder):
         on_device = _record(f"{folder}/{layout}-on", layout, world_size)
         checks, setup.zero_checks_on_device = setup.zero_checks_on_device, lambda optimizer: None
         try:
-            theirs = _record(f"{folder}/{layout}-off", layout, world_size)
+            theirs = _record(f"{folder}/{layout}-off", layout, world_size, on_device=False)
         finally:
             setup.zero_checks_on_device = checks
         # tensors do not travel back through the queue: their comparison does

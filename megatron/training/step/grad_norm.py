@@ -103,8 +103,9 @@ def clip_bf16_on_device(optimizer) -> None:
         bf16_optimizer.clip_tensors_by_global_norm = clip_tensors_on_device
 
 
-# The attribute of a DeepSpeed optimizer wrapper holding its `ZeroStepChecks`, which the
-# non-finite step check (`nonfinite.py`) runs and reads with its own flag.
+# The attribute of a DeepSpeed optimizer wrapper holding the checks its step would read (below,
+# and `fp16_scaler.UnfusedStepChecks`): `on_device()` values that the non-finite step check
+# (`nonfinite.py`) reads with its own flag and hands to `read()`; `clear()` after the step.
 WRAPPER_CHECKS = "megatron_step_checks"
 # The attribute of a gradient norm tensor whose validity was read with the step's flag.
 NORM_VERDICT = "megatron_norm_is_invalid"
