@@ -144,8 +144,10 @@ def _known_or_computed(compute):
 def _rebind(module, name: str, wrap) -> None:
     """`module.name` replaced by `wrap(module.name)`, once per process."""
     function = getattr(module, name)
-    if not hasattr(function, "__wrapped__"):
-        setattr(module, name, wrap(function))
+    if not getattr(function, "megatron_rebound", False):
+        rebound = wrap(function)
+        rebound.megatron_rebound = True
+        setattr(module, name, rebound)
 
 
 def _invalid(norm) -> torch.Tensor:
