@@ -7,7 +7,8 @@ the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
 (`model.py`). While DeepSpeed wraps the optimizer, the optimizer does not step (`no_step`).
 After `deepspeed.initialize`: the ZeRO-0 wrapper's step with one read and the true gradient
 norm, fp16 loss scaling as configured (`fp16_scaler.py`), the bf16 wrapper's clipping on the
-device (`grad_norm.py`), and a check that an optimizer which needs whole parameters got them.
+device and the ZeRO wrappers' checks read with the step's one flag (`grad_norm.py`), and a
+check that an optimizer which needs whole parameters got them.
 With one data-parallel replica and no ZeRO, DeepSpeed's gradient "all-reduce" is switched off
 (`skip_single_replica_reduction`): it would flatten every gradient into one buffer, reduce it
 over a group of one, scale it by 1/1 and copy it back, four passes over all gradients per step
@@ -33,6 +34,7 @@ from megatron.training.step.grad_norm import (
     STEP_GRAD_NORM,
     clip_bf16_on_device,
     clip_by_global_norm,
+    zero_checks_on_device,
 )
 from megatron.training.step.moe_grads import (
     install_expert_grad_reduction,
@@ -86,6 +88,7 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     step_on_device(engine.optimizer, topology)  # before the loss scaler wraps the step
     install_loss_scaler(engine)
     clip_bf16_on_device(engine.optimizer)
+    zero_checks_on_device(engine.optimizer)
     install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)
     return EngineParts(engine, model, optimizer, scheduler, ds_config)

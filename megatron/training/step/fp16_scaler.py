@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron.training.step.grad_norm import global_grad_norm
+from megatron.training.step.grad_norm import WRAPPER_CHECKS, global_grad_norm
 
 HYSTERESIS_STATE_KEY = "megatron_loss_scaler_hysteresis"
 """Where the hysteresis count goes in FP16_UnfusedOptimizer's state dict (DeepSpeed's own
@@ -187,22 +187,48 @@ def step_on_device(optimizer, topology) -> None:
     experts are left out. Here the norm is `global_grad_norm` (each gradient once, as on
     every other path), in fp32 on the device; inf/NaN anywhere makes it non-finite, so it is
     the overflow flag too. The flag is agreed over DeepSpeed's overflow groups on the device
-    and read once with the norm; the rest is DeepSpeed's step.
+    and read with the norm, in the non-finite step's one read (`UnfusedStepChecks`); the rest
+    is DeepSpeed's step.
     """
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
     if not isinstance(optimizer, FP16_UnfusedOptimizer) or optimizer.fused_lamb_legacy:
         return
 
-    checker = optimizer.overflow_checker
+    UnfusedStepChecks(optimizer, topology)
 
-    def step(closure=None):
-        optimizer.overflow = False
+
+class UnfusedStepChecks:
+    """The overflow flag and norm of `step_on_device`, computed on the device (`on_device`) and
+    read with the non-finite step's flag (`read`, found by `WRAPPER_CHECKS`), so the step reads
+    nothing of its own; a step without them computes and reads them itself."""
+
+    def __init__(self, optimizer, topology):
+        self.optimizer, self.topology, self.known = optimizer, topology, None
+        optimizer.step = self.step
+        setattr(optimizer, WRAPPER_CHECKS, self)
+
+    def on_device(self) -> torch.Tensor:
+        """[overflow anywhere, norm of the scaled gradients] as fp32 on the device."""
+        optimizer = self.optimizer
         params = [p for group in optimizer.fp16_groups for p in group]
-        norm = global_grad_norm(params, topology)  # of the scaled gradients
+        norm = global_grad_norm(params, self.topology)  # of the scaled gradients
         flag = (~torch.isfinite(norm)).to(torch.uint8).reshape(1)
+        checker = optimizer.overflow_checker
         flag = _agree_overflow(checker, flag, checker.has_moe_params)
-        overflow, norm = torch.cat([flag.float(), norm.reshape(1)]).tolist()  # the one read
+        return torch.cat([flag.float(), norm.reshape(1)])
+
+    def read(self, values) -> None:
+        self.known = values
+
+    def clear(self) -> None:
+        self.known = None
+
+    def step(self, closure=None):
+        optimizer = self.optimizer
+        optimizer.overflow = False
+        known, self.known = self.known, None
+        overflow, norm = known if known is not None else self.on_device().tolist()
         if overflow:
             return optimizer._skip_invalid_grad_norm()
         _fp32_grads(optimizer)
@@ -212,8 +238,6 @@ def step_on_device(optimizer, topology) -> None:
         optimizer.optimizer.step()
         _copy_back(optimizer)
         return optimizer.overflow
-
-    optimizer.step = step
 
 
 def _fp32_grads(optimizer) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from megatron.parallel.comm import all_reduce
 from megatron.parallel.host_values import world_group
-from megatron.training.step.grad_norm import STEP_GRAD_NORM, global_grad_norm
+from megatron.training.step.grad_norm import STEP_GRAD_NORM, WRAPPER_CHECKS, global_grad_norm
 
 
 def _nonfinite(value, device) -> torch.Tensor:
@@ -69,6 +69,9 @@ class NonFiniteSteps:
                     take_step(lr_kwargs)
             finally:
                 self.engine.__dict__.pop(STEP_GRAD_NORM, None)  # never seen by a later step
+                checks = self._wrapper_checks()
+                if checks is not None:  # nor what was computed for the wrapper's step
+                    checks.clear()
 
         self.engine._take_model_step = guarded_step
 
@@ -84,19 +87,31 @@ class NonFiniteSteps:
             bad = bad | _nonfinite(norm, device)
         return bad
 
+    def _wrapper_checks(self):
+        """The DeepSpeed wrapper's own checks moved to the device (`grad_norm.ZeroStepChecks`),
+        or None."""
+        return getattr(self.engine.optimizer, WRAPPER_CHECKS, None)
+
     def _bad_anywhere(self) -> bool:
         """Whether any rank's step is bad (and, with `stop`, whether any rank received a
-        signal, with the flags that ride on it): one all-reduce on the device, one read."""
+        signal, with the flags that ride on it): one all-reduce on the device, one read,
+        which also brings back the DeepSpeed wrapper's own checks where it has them."""
         bad = self._bad_here()
         riders = self.stop.flags() if self.stop is not None else []
+        checks = self._wrapper_checks()
+        # agreed as the wrapper agrees them (before the all-reduce: the step's collective order)
+        theirs = checks.on_device() if checks is not None else bad.new_zeros(0, dtype=torch.float)
         # host flags as fills on the device, not copies to it
         flags = [bad] + [
             torch.full((), r.local(), dtype=torch.bool, device=bad.device) for r in riders
         ]
         agreed = all_reduce(torch.stack(flags).to(torch.int32), world_group(), op="max")
-        bad_anywhere, *carried = agreed.tolist()
+        values = torch.cat([agreed.float(), theirs]).tolist()  # the one read
+        bad_anywhere, *carried = values[: len(flags)]
         for rider, value in zip(riders, carried):
             rider.carried(bool(value))
+        if checks is not None:
+            checks.read(values[len(flags) :])
         return bool(bad_anywhere)
 
     def _skip(self, take_step, lr_kwargs) -> None:

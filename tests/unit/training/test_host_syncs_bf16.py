@@ -3,11 +3,12 @@
 Counted with `tests/device_costs.py::HostReads` while the real trainer steps (one rank):
 
 - the pipeline engine at ZeRO 1 (DeepSpeed's BF16_Optimizer, the main bf16 path): our non-finite
-  flag and BF16_Optimizer's test of its gradient norm, 2 per step. Its clipping test
-  (`if clip_coef < 1`) is gone: the coefficient is clamped on the device (before: 3);
-- the plain engine at ZeRO 0 (FP16_UnfusedOptimizer): our flag and the wrapper's overflow
-  flag read with its gradient norm, 2 per step (before: 33, one overflow read per parameter,
-  two per parameter group for the norm).
+  flag, which carries BF16_Optimizer's test of its gradient norm (`grad_norm.Bf16StepChecks`),
+  1 per step. Its clipping test (`if clip_coef < 1`) is gone: the coefficient is clamped on the
+  device (before: 3, then 2);
+- the plain engine at ZeRO 0 (FP16_UnfusedOptimizer): our flag, which carries the wrapper's
+  overflow flag and gradient norm (`fp16_scaler.UnfusedStepChecks`), 1 per step (before: 33,
+  one overflow read per parameter, two per parameter group for the norm; then 2).
 
 The on-device clipping multiplies by the same coefficient as DeepSpeed's own, the reference.
 """
@@ -22,8 +23,8 @@ from tests.distributed import run_distributed
 from tests.tiny import resolve, tiny_settings
 
 LAYOUTS = {
-    "pipeline_zero1": (dict(pipe_parallel_size=1, zero_optimization={"stage": 1}), 2),
-    "plain_zero0": (dict(pipe_parallel_size=0), 2),
+    "pipeline_zero1": (dict(pipe_parallel_size=1, zero_optimization={"stage": 1}), 1),
+    "plain_zero0": (dict(pipe_parallel_size=0), 1),
 }
 
 
