@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.parallel.comm import all_reduce
 from megatron.training.step.grad_norm import WRAPPER_CHECKS, global_grad_norm
 
 HYSTERESIS_STATE_KEY = "megatron_loss_scaler_hysteresis"
@@ -262,17 +263,17 @@ def _agree_overflow(checker, flag: torch.Tensor, has_moe_params: bool) -> torch.
     from deepspeed import comm as dist
     from deepspeed.utils import groups
 
-    engine, mpu, top = checker.deepspeed, checker.mpu, dist.ReduceOp.MAX
+    engine, mpu = checker.deepspeed, checker.mpu
     if has_moe_params:
-        dist.all_reduce(flag, op=top, group=groups._get_max_expert_parallel_group())
+        all_reduce(flag, groups._get_max_expert_parallel_group(), op="max")
     if checker.zero_reduce_scatter:
-        dist.all_reduce(flag, op=top, group=dist.get_world_group())
+        all_reduce(flag, dist.get_world_group(), op="max")
     elif mpu is not None:
         if engine is not None and _backward_allreduce(engine) is False:
-            dist.all_reduce(flag, op=top, group=mpu.get_data_parallel_group())
-        dist.all_reduce(flag, op=top, group=mpu.get_model_parallel_group())
+            all_reduce(flag, mpu.get_data_parallel_group(), op="max")
+        all_reduce(flag, mpu.get_model_parallel_group(), op="max")
     elif engine is not None and engine.enable_backward_allreduce is False:
-        dist.all_reduce(flag, op=top, group=dist.get_world_group())
+        all_reduce(flag, dist.get_world_group(), op="max")
     return flag
 
 

@@ -187,7 +187,7 @@ class ZeroStepChecks:
         overflow = torch.zeros(1, dtype=torch.uint8, device=opt.device)
         if opt.check_grad_overflow:
             overflow = opt.has_overflow_partitioned_grads_serial().byte().to(opt.device)
-            dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=opt.dp_process_group)
+            all_reduce(overflow, opt.dp_process_group, op="max")
             opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
         self.norm = self._norm() if opt.compute_grad_norm else None
         invalid = _invalid(self.norm) if self.norm is not None else torch.zeros_like(overflow)
@@ -310,7 +310,7 @@ class Zero3StepChecks:
             opt.inf_or_nan_tracker.zero_()
         if not accelerator.resolves_data_dependency():
             accelerator.default_stream().wait_stream(opt.reduce_and_partition_stream)
-        dist.all_reduce(overflow, op=dist.ReduceOp.MAX, group=opt.dp_process_group)
+        all_reduce(overflow, opt.dp_process_group, op="max")
         opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
         return overflow.reshape(1)
 
