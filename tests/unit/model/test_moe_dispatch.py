@@ -21,9 +21,10 @@ from megatron.model.moe import Experts, MoEMLP, moe_layers
 from megatron.model.moe_dispatch import capacity_dispatch, dropless_dispatch
 from megatron.model.moe_router import capacity_keep
 from tests.device_costs import HostReads
-from tests.unit.model.tiny import SEQ, neox_args
+from tests.unit.model.test_moe import E, H, K
+from tests.unit.model.test_moe import moe_args as toy_moe_args
+from tests.unit.model.tiny import SEQ
 
-E, K, H = 4, 2, 32
 ROUTINGS = {
     "topk-dropless": dict(moe_router_type="topk"),
     "sinkhorn-dropless": dict(moe_router_type="sinkhorn"),
@@ -35,19 +36,10 @@ DROPPING = dict(moe_min_capacity=1, moe_train_capacity_factor=0.5)  # drops some
 
 
 def moe_args(**overrides):
-    values = dict(
-        moe_num_experts=E,
-        moe_top_k=K,
-        moe_router_type="topk",
-        moe_expert_interval=2,  # experts on layers 0 and 2 of the 4-layer toy
-        moe_aux_loss_coeff=0.0,
-        moe_z_loss_coeff=0.0,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        **DROPPING,
-    )
-    values.update(overrides)
-    return neox_args(**values)
+    """`test_moe.py`'s toy (experts on layers 0 and 2 of 4, no dropout) without the router
+    losses, with `DROPPING`'s capacity."""
+    losses_off = dict(moe_aux_loss_coeff=0.0, moe_z_loss_coeff=0.0)
+    return toy_moe_args(**{**losses_off, **DROPPING, **overrides})
 
 
 def dense_expert(ex, e: int, x: torch.Tensor) -> torch.Tensor:
