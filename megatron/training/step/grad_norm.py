@@ -155,6 +155,16 @@ def _invalid(norm) -> torch.Tensor:
     return (~torch.isfinite(norm) | (norm < 0)).any()
 
 
+def _agree_zero_overflow(optimizer, overflow: torch.Tensor) -> torch.Tensor:
+    """A ZeRO optimizer's overflow flag agreed (MAX, in place) as its `has_overflow` agrees it:
+    over its data-parallel group, then its model-parallel group."""
+    from deepspeed import comm as dist
+
+    all_reduce(overflow, optimizer.dp_process_group, op="max")
+    optimizer._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
+    return overflow
+
+
 class ZeroStepChecks:
     """ZeRO 1/2's step (`DeepSpeedZeroOptimizer`) with no read of its own.
 
@@ -181,14 +191,11 @@ class ZeroStepChecks:
 
     def on_device(self) -> torch.Tensor:
         """[overflow anywhere, norm invalid] as fp32 on the device, agreed as the step would."""
-        from deepspeed import comm as dist
-
         opt = self.optimizer
         overflow = torch.zeros(1, dtype=torch.uint8, device=opt.device)
         if opt.check_grad_overflow:
             overflow = opt.has_overflow_partitioned_grads_serial().byte().to(opt.device)
-            all_reduce(overflow, opt.dp_process_group, op="max")
-            opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
+            _agree_zero_overflow(opt, overflow)
         self.norm = self._norm() if opt.compute_grad_norm else None
         invalid = _invalid(self.norm) if self.norm is not None else torch.zeros_like(overflow)
         return torch.cat([overflow.float(), invalid.float().reshape(1)])
@@ -299,7 +306,6 @@ class Zero3StepChecks:
 
     def _overflow_on_device(self) -> torch.Tensor:
         """DeepSpeed 0.19.8's `has_overflow()` (of the partitioned gradients) up to its read."""
-        from deepspeed import comm as dist
         from deepspeed.accelerator import get_accelerator
 
         opt, accelerator = self.optimizer, get_accelerator()
@@ -310,9 +316,7 @@ class Zero3StepChecks:
             opt.inf_or_nan_tracker.zero_()
         if not accelerator.resolves_data_dependency():
             accelerator.default_stream().wait_stream(opt.reduce_and_partition_stream)
-        all_reduce(overflow, opt.dp_process_group, op="max")
-        opt._model_parallel_all_reduce(tensor=overflow, op=dist.ReduceOp.MAX)
-        return overflow.reshape(1)
+        return _agree_zero_overflow(opt, overflow).reshape(1)
 
     def read(self, values) -> None:
         """The values of `on_device()`, read by the caller; the step answers from them."""
