@@ -24,7 +24,8 @@ def build_datasets(
     vocab_size: int | None = None,
 ):
     """(train, valid, test) datasets; a split with no data or no requested samples is None.
-    `vocab_size`: the padded vocabulary (read by `data_impl: dummy` only). Collective under
+    `vocab_size`: the tokenizer's vocabulary, below the padded table's (read by `data_impl:
+    dummy` only: its tokens are drawn below it, as a tokenizer's would be). Collective under
     torch.distributed (index files are built by one rank)."""
     kind = dataset_kind(data, seq_length=seq_length, seed=seed, vocab_size=vocab_size)
     return kind.build([int(n) for n in train_valid_test_num_samples])
@@ -36,7 +37,9 @@ def run_values(cfg) -> dict:
     return {
         "seq_length": cfg.model.seq_length,
         "seed": cfg.training.seed,
-        "vocab_size": cfg.model.padded_vocab_size,
+        # the tokenizer's: ids from it up to the padded size are no tokens (the loss leaves
+        # their logit columns out), so synthetic data must not draw them
+        "vocab_size": cfg.model.true_vocab_size or cfg.model.padded_vocab_size,
     }
 
 

@@ -51,7 +51,10 @@ def test_dummy_data_needs_no_files_and_feeds_the_model_path(tmp_path):
     datasets, inputs = _inputs(cfg, 0)
     # every sample the run reads: 5 steps of 2; 2 evaluations of 2 batches; one test of 2
     assert [len(d) for d in datasets] == [10, 8, 4]
-    vocab = cfg.model.padded_vocab_size
+    # tokens below the tokenizer's 300, never in the padding up to 384: the loss leaves those
+    # logit columns out, and a label there indexes past them (on a GPU, a device-side assert)
+    vocab = cfg.model.true_vocab_size
+    assert vocab == 300 < cfg.model.padded_vocab_size
     seen = set()
     for (tokens, positions), (labels, mask) in inputs:
         assert tokens.shape == positions.shape == labels.shape == mask.shape == (2, 16)
