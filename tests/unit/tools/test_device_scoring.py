@@ -12,14 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.evaluation.adapter import MegatronLM
-from megatron.inference import InferenceModel
-from megatron.inference.precompute import score_rows
-from megatron.model import build_gpt
-from megatron.parallel import ParallelTopology, cross_entropy
-from tests.device_costs import HostReads
-from tests.unit.model.tiny import neox_args
-from tests.unit.parallel.test_cross_entropy_single import NewLargeTensors
+pytest.importorskip("lm_eval", reason="the eval extra (requirements-eval.txt) is not installed")
+
+from megatron.evaluation.adapter import MegatronLM  # noqa: E402 - needs lm_eval
+from megatron.inference import InferenceModel  # noqa: E402
+from megatron.inference.precompute import score_rows  # noqa: E402
+from megatron.model import build_gpt  # noqa: E402
+from megatron.parallel import ParallelTopology, cross_entropy  # noqa: E402
+from tests.device_costs import HostReads  # noqa: E402
+from tests.unit.model.tiny import neox_args  # noqa: E402
+from tests.unit.parallel.test_cross_entropy_single import NewLargeTensors  # noqa: E402
 
 VOCAB, PADDED = 500, 512
 
