@@ -6,6 +6,10 @@ inputs, and holds fp32/fp16/bf16 outputs to a relative error of 1e-3 (see gpu_su
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,6 +22,7 @@ from megatron.kernels.softmax_reference import (
 from tests.unit.kernels.gpu_support import BOUND, kernel_marks, rounded_relative_error
 
 pytestmark = kernel_marks("softmax")
+REPO = Path(__file__).resolve().parents[3]
 
 SCALE = 0.125
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -132,5 +137,23 @@ def test_rows_longer_than_the_limit_fall_back_to_torch():
     assert torch.ops.megatron_fused_softmax.max_columns() == MAX_COLUMNS
     x = torch.randn(1, 1, 2, MAX_COLUMNS + 1, device="cuda", dtype=torch.float16)
     assert FusedScaleMaskSoftmax(AttnMaskType.padding).select(x).name == "torch"
-    with pytest.raises(RuntimeError, match="limit"):
-        torch.ops.megatron_fused_softmax.forward(x, None, 1.0, False, torch.empty_like(x))
+
+
+# Called directly with too long a row, the op must refuse with a RuntimeError. In its own
+# process: on an H200 (torch 2.11, CUDA 13, the acceptance run of bench/gpu_check.py) this call
+# crashed the process (SIGSEGV) instead, which took the rest of the GPU suite with it.
+REFUSE_TOO_LONG = f"""
+import torch, megatron.kernels._fused_softmax_cuda
+x = torch.randn(1, 1, 2, {MAX_COLUMNS + 1}, device="cuda", dtype=torch.float16)
+try:
+    torch.ops.megatron_fused_softmax.forward(x, None, 1.0, False, torch.empty_like(x))
+except RuntimeError as error:
+    print("refused:", error)
+"""
+
+
+def test_a_row_longer_than_the_limit_is_refused_by_the_op():
+    done = subprocess.run([sys.executable, "-c", REFUSE_TOO_LONG], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"
+    assert "refused:" in done.stdout and "limit" in done.stdout
