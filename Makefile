@@ -17,19 +17,19 @@ PY := $(ENV)/bin/python
 PIP := $(PY) -m pip
 ARGS ?=
 
-# torch alone and first, at the pin of requirements.txt: pip then takes the machine's local
-# CPU wheel on a CPU machine and the CUDA build on a GPU machine; left to the resolver of
-# another package, an unpinned torch would pull a multi-GB CUDA build onto a CPU machine.
-TORCH := $(shell grep -E '^torch==' requirements/requirements.txt)
+# torch alone and first, at the pin of requirements/pins.txt: pip then takes the machine's
+# local CPU wheel on a CPU machine and the CUDA build on a GPU machine; left to the resolver of
+# another package, a torch range would pull a multi-GB CUDA build onto a CPU machine.
+TORCH := $(shell grep -E "^torch==" requirements/pins.txt)
 
 REQ := requirements
-TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/requirements-build.txt \
+TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/pins.txt $(REQ)/requirements-build.txt \
 	$(REQ)/requirements-data.txt setup.py tools/build_deepspeed_ops.py
 TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
 	$(REQ)/requirements-wandb.txt $(REQ)/requirements-comet.txt $(REQ)/requirements-eval.txt \
 	$(REQ)/requirements-mup.txt
 
-.PHONY: train test data install install-test
+.PHONY: train test data install install-test wheelhouse install-offline
 
 train: install data
 	$(PY) deepy.py train.py configs/small.yml local.yml $(ARGS)
@@ -51,7 +51,7 @@ $(PY):
 # $(2): more requirement files to install without their dependencies.
 define install_into_env
 	$(PIP) install $(TORCH)
-	$(PIP) install -r $(REQ)/requirements-build.txt -r $(1)
+	$(PIP) install -c $(REQ)/pins.txt -r $(REQ)/requirements-build.txt -r $(1)
 	$(PIP) install --no-deps -r $(REQ)/requirements-data.txt $(2)
 	$(PIP) install --no-build-isolation -e .
 	$(PY) tools/build_deepspeed_ops.py
@@ -63,3 +63,18 @@ $(ENV)/.megatron-neox-train: $(TRAIN_REQS) | $(PY)
 
 $(ENV)/.megatron-neox-test: $(TEST_REQS) | $(PY)
 	$(call install_into_env,$(REQ)/requirements-dev.txt,-r $(REQ)/requirements-mup.txt)
+
+# A GPU machine with its own PyTorch and no network: on a machine with network,
+#   make wheelhouse [WHEELHOUSE=wheelhouse] [WHEEL_PYTHON=3.12] [WHEEL_MACHINE=x86_64]
+# gathers every runtime wheel but torch's for that Python; copy the folder over, then
+#   make install-offline WHEELHOUSE=wheelhouse
+# installs into the active Python (PYTHON), keeping its torch (tools/install_offline.py).
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHON ?= 3.12
+WHEEL_MACHINE ?= x86_64
+
+wheelhouse:
+	$(PYTHON) tools/wheelhouse.py --out $(WHEELHOUSE) --python $(WHEEL_PYTHON) --machine $(WHEEL_MACHINE)
+
+install-offline:
+	$(PYTHON) tools/install_offline.py --wheelhouse $(WHEELHOUSE)
