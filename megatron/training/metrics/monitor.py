@@ -161,5 +161,7 @@ class TrainMonitor:
                 record[name] = total / max(self.steps, 1)
         for name, ms in (timers or {}).items():
             record[f"time/{name}"] = ms
+        if torch.cuda.is_available():  # the allocator's own count: no device sync
+            record["max_memory_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         self._reset(now)
         return record

@@ -2,6 +2,7 @@
 
 A training record is one dict per log interval with the keys of `TRAIN_KEYS` (the contract of
 `metrics.jsonl`, see docs/architecture.md); optional figures (`eta_s`, `time/*` timers,
+`max_memory_allocated_gib` on a GPU: the peak the process's allocator has held since it began,
 `grad_norm/*` and `param_norm/*` per parameter) may be added. An evaluation record is
 `{"iteration", "split", "loss", "perplexity"}` with `split` "valid" or "test". Scalar names
 for TensorBoard and wandb are `"{split}/{key}"` (`train/loss`, `valid/perplexity`), the same in
