@@ -22,7 +22,8 @@ JSON). FLOPs are the honest count of `megatron/training/metrics/flops.py` (the m
 attention in full, no recomputation); MFU is against the device's dense peak for the
 contender's precision (`--peak-tflops` overrides; none on a CPU). Peak memory is the
 contender's resident state (weights, gradients, optimizer, compiled graphs) plus the largest
-transient of its steps. Prints a table and writes `bench/results/gpu_train_{device}.json`.
+transient of its steps. Host syncs per step (CUDA only) are what `torch.cuda.set_sync_debug_mode`
+flags in the timed steps. Prints a table and writes `bench/results/gpu_train_{device}.json`.
 
 `--tiny` builds a 2-layer, 64-wide model with sequence 64 on whatever device is there (the
 CPU in CI). On a CPU the bf16 contenders run in fp32 (torch.compile cannot compile our bf16
@@ -38,6 +39,7 @@ import json
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -159,7 +161,7 @@ class Contender:
         self.name, self.precision = name, precision
         before = _allocated()
         self.step = make()
-        self.seconds, self.transient = 0.0, 0
+        self.seconds, self.transient, self.syncs, self.timed = 0.0, 0, 0, 0
         self.run(first_batch, timed=False)
         self.resident = _allocated() - before
 
@@ -170,7 +172,11 @@ class Contender:
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
         start = time.perf_counter()
-        self.step(batch)
+        if cuda and timed:
+            self.syncs += host_syncs(lambda: self.step(batch))
+            self.timed += 1
+        else:
+            self.step(batch)
         if cuda:
             torch.cuda.synchronize()
             self.transient = max(self.transient, torch.cuda.max_memory_allocated() - before)
@@ -182,6 +188,19 @@ class Contender:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def host_syncs(fn) -> int:
+    """How many times `fn()` made the host wait for the GPU, as torch's sync debug mode sees it
+    (`.item()`, copies to the host, `nonzero` and the like; one warning each)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def fp16_skip_reason() -> str | None:
@@ -255,6 +274,7 @@ def figures(c: Contender, tokens: int, flops: float, peak_override) -> dict:
         tflops=speed.tflops_per_gpu,
         mfu=speed.mfu,
         peak_memory_gib=None if memory is None else memory / 2**30,
+        host_syncs_per_step=c.syncs / c.timed if c.timed else None,
     )
 
 
@@ -300,13 +320,15 @@ def bench_shape(name: str, shape: dict, vocab: int, args) -> dict:
 
 def print_table(section: dict) -> None:
     print(f"\n{section['shape']}: {section['schedule']}, {section['tokens_per_step']} tokens/step")
-    print(f"{'contender':44s} {'tokens/s':>11s} {'TFLOP/s':>9s} {'MFU':>7s} {'peak GiB':>9s}")
+    print(f"{'contender':44s} {'tokens/s':>11s} {'TFLOP/s':>9s} {'MFU':>7s} {'peak GiB':>9s} "
+          f"{'syncs':>6s}")  # fmt: skip
     for r in section["rows"]:
         mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         mem = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.2f}"
+        syncs = "-" if r["host_syncs_per_step"] is None else f"{r['host_syncs_per_step']:g}"
         print(
             f"{r['contender']:44s} {r['tokens_per_sec']:11,.0f} {r['tflops']:9.3f} {mfu:>7s} "
-            f"{mem:>9s}"
+            f"{mem:>9s} {syncs:>6s}"
         )
     for s in section["skipped"]:
         print(f"skipped {s['contender']}: {s['reason']}")
