@@ -22,6 +22,7 @@ from megatron.training.checkpoint.experts import ExpertCheckpoint
 from megatron.training.checkpoint.policy import CheckpointPolicy
 from megatron.training.loop.callbacks import (
     CheckpointCallback,
+    EngineTimers,
     EvaluationCallback,
     LoggingCallback,
     SkippedStepsCallback,
@@ -81,7 +82,7 @@ def _callbacks(cfg, *, monitor, loggers, evaluator, io, parts, guard, rank, trai
             monitor,
             loggers,
             lg.log_interval,
-            lg.wall_clock_breakdown,
+            EngineTimers(parts.engine) if lg.wall_clock_breakdown else None,
             param_norms_of=model if lg.log_param_norm and on_rank0 else None,
             grad_norms=GradNormRecorder(model) if lg.log_grad_norm and on_rank0 else None,
         ),

@@ -83,7 +83,7 @@ def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path)
                     train_micro_batch_size_per_gpu=16)  # fmt: skip
     no_save = tiny_settings(tmp_path / "no_save", train_iters=3, no_save_optim=True,
                             pipe_parallel_size=0, zero_optimization={"stage": 1},
-                            eval_interval=0)  # fmt: skip
+                            eval_interval=0, wall_clock_breakdown=True)  # fmt: skip
     no_save_resumed = {**no_save, "train_iters": 5, "override_lr_scheduler": True}
     runs = [keep, finetune, no_optim, epochs, no_save, no_save_resumed]
     results = run_distributed(_pretrain_all, 2, runs)[0]
@@ -108,3 +108,8 @@ def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path)
     assert all(r["grad_norm"] > 0 and r["tokens_per_sec"] > 0 for r in train)
     for prefix in ("param_norm/", "grad_norm/", "time/"):  # log_*_norm, wall_clock_breakdown
         assert any(key.startswith(prefix) for key in train[-1]), prefix
+    # the time really spent, on both engines (the plain one resets its timers every step)
+    for run in ("keep", "no_save"):
+        lines = Path(tmp_path / run / "logs/metrics.jsonl").open()
+        last = [r for r in map(json.loads, lines) if "split" not in r][-1]
+        assert last.get("time/fwd", 0) > 0 and last.get("time/bwd", 0) > 0, (run, last)

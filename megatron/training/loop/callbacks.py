@@ -43,12 +43,44 @@ def _float(value) -> float | None:
     return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
-def engine_timers(engine) -> dict[str, float]:
+class EngineTimers:
     """DeepSpeed's `wall_clock_breakdown` timers (forward, backward, optimizer step, pipeline
-    send/receive, ...) in ms since the last call, which resets them."""
-    timers = getattr(engine, "timers", None)
-    found = timers.get_timers() if timers is not None and hasattr(timers, "get_timers") else {}
-    return {name: timer.elapsed(reset=True) for name, timer in found.items()}
+    send/receive, ...): ms spent in each since the last `collect()`.
+
+    DeepSpeed's plain engine prints and resets them itself at every optimizer step
+    (`timers.log`), so reading them at our log interval alone gave zeros. The wrapper installed
+    on `engine.timers.log` adds up what each of those prints reads before the reset; `collect`
+    adds what DeepSpeed has not printed (the pipeline engine prints only every
+    `steps_per_print` steps) and starts the next interval."""
+
+    def __init__(self, engine):
+        self.sums: dict[str, float] = {}
+        self.timers = getattr(engine, "timers", None)
+        if self.timers is None or not hasattr(self.timers, "get_timers"):
+            self.timers = None
+            return
+        printed = self.timers.log
+
+        def log(names, normalizer=1.0, reset=True, memory_breakdown=False, ranks=None):
+            if reset:  # else the time stays in the timer for collect()
+                for name in names:
+                    timer = self.timers.get_timers().get(name)
+                    if timer is not None:
+                        self._add(name, timer.elapsed(reset=False))
+            return printed(names, normalizer, reset, memory_breakdown, ranks)
+
+        self.timers.log = log
+
+    def _add(self, name: str, ms: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + ms
+
+    def collect(self) -> dict[str, float]:
+        if self.timers is None:
+            return {}
+        for name, timer in self.timers.get_timers().items():
+            self._add(name, timer.elapsed(reset=True))
+        sums, self.sums = self.sums, {}
+        return sums
 
 
 class LoggingCallback(Callback):
@@ -59,14 +91,14 @@ class LoggingCallback(Callback):
         monitor,
         loggers,
         log_interval: int,
-        wall_clock_breakdown: bool = False,
+        timers: EngineTimers | None = None,
         param_norms_of=None,
         grad_norms=None,
     ):
         self.monitor = monitor
         self.loggers = loggers
         self.interval = max(1, log_interval)
-        self.timers = wall_clock_breakdown
+        self.timers = timers  # with wall_clock_breakdown
         self.param_norms_of = param_norms_of  # the model, with log_param_norm
         self.grad_norms = grad_norms  # a GradNormRecorder, with log_grad_norm
 
@@ -98,7 +130,7 @@ class LoggingCallback(Callback):
             lr=loop.lr_scheduler.get_lr(),
             grad_norm=_float(engine.get_global_grad_norm()),
             loss_scale=current_loss_scale(engine),
-            timers=engine_timers(engine) if self.timers else None,
+            timers=self.timers.collect() if self.timers is not None else None,
         )
         if getattr(loop, "curriculum", None) is not None:
             record["curriculum_seqlen"] = loop.curriculum.length  # GPT-NeoX's name
