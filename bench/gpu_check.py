@@ -54,7 +54,9 @@ TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64,
             max_position_embeddings=64, train_micro_batch_size_per_gpu=2,
             distributed_backend="gloo", attention_config=[[["flash"], 2]],
             scaled_upper_triang_masked_softmax_fusion=False)  # fmt: skip
-FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 20, "loss_scale_window": 2,
+# 2**25: above what 160M's first gradients fit in fp16 (2**20 to 2**22 did, on an H200), so the
+# first steps overflow, are skipped and halve the scale; the resume restores the scaler's state.
+FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 25, "loss_scale_window": 2,
         "hysteresis": 1, "min_loss_scale": 1}  # fmt: skip
 MOE = dict(moe_num_experts=8, moe_top_k=2, moe_router_type="topk", moe_expert_interval=2,
            moe_aux_loss_coeff=0.01, moe_token_dropping=False)  # fmt: skip
@@ -154,21 +156,22 @@ def records(folder: Path) -> list[dict]:
 
 
 def train_figures(folder: Path) -> dict:
-    """Losses and speed of a run from its metrics.jsonl (speed: the steps after the first)."""
+    """Losses and speed of a run from its metrics.jsonl. Speed: the median over the steps after
+    the first (which compiles and warms up; a step that saved a checkpoint is an outlier too)."""
     rows = records(folder)
     if not rows:
         return {"records": 0}
     timed = rows[1:] or rows
-    mean = lambda key: (  # noqa: E731
-        sum(r[key] for r in timed if r.get(key) is not None) / len(timed)
-        if any(r.get(key) is not None for r in timed) else None
-    )  # fmt: skip
+
+    def median(key: str):
+        values = sorted(r[key] for r in timed if r.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
     return dict(
         records=len(rows), losses=[r["loss"] for r in rows],
         skipped=sum(r["skipped"] for r in rows), loss_scales=[r["loss_scale"] for r in rows],
-        tokens_per_sec=mean("tokens_per_sec"),
-        tflops_per_gpu=mean("tflops_per_gpu"), mfu=mean("mfu"),
-        max_memory_allocated_gib=rows[-1].get("max_memory_allocated_gib"),
+        tokens_per_sec=median("tokens_per_sec"), tflops_per_gpu=median("tflops_per_gpu"),
+        mfu=median("mfu"), max_memory_allocated_gib=rows[-1].get("max_memory_allocated_gib"),
     )  # fmt: skip
 
 
