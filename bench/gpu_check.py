@@ -18,8 +18,11 @@ Steps (GPU; `--cpu` runs the same ones at tiny sizes where the CPU can, and reco
   per step counted by `torch.cuda.set_sync_debug_mode` against the CPU audit's prediction;
 - `deepy_*`: real `deepy.py` runs of configs/160M.yml on one GPU (NCCL): the pipeline engine
   bf16, the plain engine bf16, fp16 with forced overflow, fused kernels on and off,
-  torch_compile, MoE bf16, each saving and then resuming exactly (`resume_*`: the losses of
-  the resumed steps against the unbroken run's); figures from their `metrics.jsonl`;
+  torch_compile, MoE bf16, most saving and then resuming (`resume_*`: the first resumed loss
+  equal to the unbroken run's, the later ones within `RESUME_RTOL`); figures from their
+  `metrics.jsonl`;
+- `dpo_data`, `deepy_sft`, `deepy_dpo`, `resume_dpo`: the embedded preference set, a short SFT
+  run, DPO from it, and DPO resumed (its reference model must be the SFT weights again);
 - `bench_softmax`, `bench_rotary`: the fused kernels against PyTorch at two sizes each.
 """
 
@@ -148,6 +151,56 @@ def run_config(folder: Path, cpu: bool, **keys) -> Path:
     return path
 
 
+def shipped_config(name: str, folder: Path, data: Path, cpu: bool, **keys) -> Path:
+    """configs/{name}: its `data/...` paths moved under `data`, logs in `folder`, `keys` on top."""
+    import yaml
+
+    def moved(value):
+        if isinstance(value, str) and value.startswith("data/"):
+            return str(data / value[len("data/") :])
+        return [moved(v) for v in value] if isinstance(value, list) else value
+
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = {
+        k: moved(v) for k, v in yaml.safe_load((REPO / "configs" / name).read_text()).items()
+    }
+    settings.update(log_dir=str(folder / "logs"), log_interval=1, eval_interval=0,
+                    precision="fp32" if cpu else "bfloat16", num_gpus=1)  # fmt: skip
+    if cpu:
+        settings["distributed_backend"] = "gloo"
+    settings.update(keys)
+    path = folder / "run.yml"
+    path.write_text(json.dumps(settings, indent=1))
+    return path
+
+
+def dpo_steps(work: Path, cpu: bool, timeout: int) -> list[Step]:
+    """The embedded preference set, 4 SFT steps, then DPO from them saving at 3 of 6 steps, and
+    the DPO run resumed from step 3 (its reference model must be the SFT weights again)."""
+    data, sft, dpo = work / "dpo_data", work / "sft", work / "dpo"
+    prep = Step("dpo_data", timeout=timeout)
+    prep.argv = [*python(), "tools/make_preference_data.py", "--data-dir", str(data),
+                 "--n-train", "256", "--n-valid", "32", "--seq-length", "64"]  # fmt: skip
+    first = Step("deepy_sft", timeout=timeout)
+    first.argv = [*python(), "deepy.py", "train.py", str(shipped_config(
+        "sft-small.yml", sft, data, cpu, train_iters=4, save=str(sft / "ckpt"), load=None,
+        checkpoint_factor=4))]  # fmt: skip
+    first.parse = lambda s, o, t: train_figures(sft)
+    keys = dict(train_iters=6, save=str(dpo / "ckpt"), load=str(sft / "ckpt"), checkpoint_factor=3)
+    run = Step("deepy_dpo", timeout=timeout)
+    run.argv = [*python(), "deepy.py", "train.py", str(shipped_config("dpo-small.yml", dpo, data,
+                                                                      cpu, **keys))]  # fmt: skip
+    run.parse = lambda s, o, t: train_figures(dpo)
+    again = work / "dpo_resumed"
+    resume = Step("resume_dpo", timeout=timeout)
+    resume.pre = lambda: point_latest(dpo / "ckpt", 3)
+    resume.argv = [*python(), "deepy.py", "train.py", str(shipped_config(
+        "dpo-small.yml", again, data, cpu, **dict(keys, load=str(dpo / "ckpt"), save=None,
+                                                  finetune=False)))]  # fmt: skip
+    resume.parse = lambda s, o, t: resume_figures(dpo, again, 3)
+    return [prep, first, run, resume]
+
+
 def records(folder: Path) -> list[dict]:
     path = folder / "logs" / "metrics.jsonl"
     if not path.exists():
@@ -238,6 +291,7 @@ def plan(out: Path, cpu: bool, work: Path | None = None) -> list[Step]:
                     ["--sizes", "160M", "--steps", "8", "--warmup", "3"])]  # fmt: skip
     bench.parse = lambda s, o, text: bench_figures(out / "gpu_train.json")
     steps.append(bench)
+    steps_after_runs = dpo_steps(work, cpu, t(120, 150))
     for bench_name, sizes in (("softmax", ["--seqs", "2048", "8192"]),
                               ("rotary", ["--rotary-pct", "1.0", "0.25"])):  # fmt: skip
         step = Step(f"bench_{bench_name}", timeout=90, skip="needs a CUDA GPU" if cpu else None)
@@ -267,7 +321,7 @@ def plan(out: Path, cpu: bool, work: Path | None = None) -> list[Step]:
             tests.parse = lambda s, o, text: pytest_counts(text)
             steps.append(tests)
 
-    return steps
+    return steps + steps_after_runs
 
 
 def pytest_counts(text: str) -> dict:
