@@ -2,7 +2,10 @@
 
 `run_distributed(fn, world_size, *args)` spawns `world_size` processes, initialises
 `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns the list
-of per-rank return values (which must be picklable). An exception on any rank fails the call
+of per-rank return values (which must be picklable). `backend="cuda:gloo"` puts every rank on
+the one GPU instead, in a process group whose only backend is for CUDA tensors: a collective on
+a host tensor is refused there as NCCL would refuse it (NCCL itself refuses two ranks on one
+device). An exception on any rank fails the call
 with that rank's traceback, so a broken collective cannot hang the suite silently.
 """
 
@@ -25,19 +28,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, fn, args, queue):
+def _worker(rank, world_size, port, fn, args, queue, backend):
+    cuda = backend.startswith("cuda")
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         RANK=str(rank),
-        LOCAL_RANK=str(rank),
+        LOCAL_RANK="0" if cuda else str(rank),  # DeepSpeed's device: the one GPU
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
-        DS_ACCELERATOR="cpu",
+        DS_ACCELERATOR="cuda" if cuda else "cpu",
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, True, result))
     except BaseException:  # noqa: BLE001 - report every failure to the parent
@@ -47,13 +53,14 @@ def _worker(rank, world_size, port, fn, args, queue):
             dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 300.0):
-    """Call `fn(rank, world_size, *args)` on `world_size` gloo ranks; return results by rank."""
+def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, backend: str = "gloo"):
+    """Call `fn(rank, world_size, *args)` on `world_size` ranks (gloo on the CPU, or
+    `backend="cuda:gloo"` on the one GPU); return results by rank."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue))
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, backend))
         for r in range(world_size)
     ]
     for p in procs:
