@@ -5,7 +5,9 @@ per-token loss and the gathered gradient must equal the single-process result wi
 relative, with and without label smoothing, for (s, b, V) logits and for huge logits that
 overflow a naive softmax; with vocabulary padding over the last two ranks, the
 loss and gradient of `F.cross_entropy` over the token columns alone, the padding's gradient
-exactly zero (a rank holding only padding included).
+exactly zero (a rank holding only padding included). Then the same for bf16 logits through
+the fused softmax kernels a GPU takes (`FUSED_PASSES`, forced here): the loss of the same values
+upcast, the gradient rounded to bf16.
 """
 
 from __future__ import annotations
@@ -56,6 +58,47 @@ def check_against_full(topo, logits, target, label_smoothing, vocab=None):
         assert not grad[..., vocab:].any(), f"padding got a gradient, {what}"
 
 
+def check_fused_bf16(topo, logits, target, label_smoothing, vocab=None):
+    """bf16 logits through the fused passes: F.cross_entropy on the same values in fp32."""
+    local = logits.chunk(topo.tp_size, dim=-1)[topo.tp_rank].clone().requires_grad_()
+    loss = vp_ce(local, target, topo.tp_group, label_smoothing=label_smoothing, vocab_size=vocab)
+    full = logits.float().requires_grad_()
+    tokens = full[..., :vocab]
+    ref = F.cross_entropy(tokens.reshape(-1, tokens.shape[-1]), target.view(-1),
+                          reduction="none", label_smoothing=label_smoothing)  # fmt: skip
+    ref = ref.view(target.shape)
+    what = f"fused bf16, tp={topo.tp_size} smoothing={label_smoothing} vocab={vocab}"
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5, msg=what)
+    weights = torch.rand(target.shape)
+    (loss * weights).sum().backward()
+    (ref * weights).sum().backward()
+    grad = gather_from_tensor_parallel_region(local.grad, topo.tp_group)
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad, full.grad.to(torch.bfloat16), msg=what)
+    if vocab is not None:
+        assert not grad[..., vocab:].any(), f"padding got a gradient, {what}"
+
+
+def _fused_bf16(tp):
+    from megatron.parallel import cross_entropy
+
+    cross_entropy.FUSED_PASSES = {"cpu", "cuda"}
+    try:
+        topo = ParallelTopology(tp_size=tp)
+        torch.manual_seed(8)
+        seq, batch, vocab = 6, 3, 8 * tp
+        logits = (torch.randn(seq, batch, vocab) * 3).to(torch.bfloat16)
+        target = torch.randint(0, vocab, (seq, batch))
+        for label_smoothing in (0.0, 0.1):
+            check_fused_bf16(topo, logits, target, label_smoothing)
+            padded = logits.clone()
+            padded[..., vocab - 11 :] += 100
+            check_fused_bf16(topo, padded, target % (vocab - 11), label_smoothing, vocab - 11)
+    finally:
+        cross_entropy.FUSED_PASSES = {"cuda"}
+
+
 def _worker(rank, world_size):
     for tp in (2, 4):
         topo = ParallelTopology(tp_size=tp)
@@ -75,6 +118,7 @@ def _worker(rank, world_size):
         padded[..., vocab:] += 1e3
         for label_smoothing in (0.0, 0.1):
             check_against_full(topo, padded, target % vocab, label_smoothing, vocab)
+        _fused_bf16(tp)
     return True
 
 

@@ -16,10 +16,12 @@ from tests.unit.parallel.test_cross_entropy_single import NewLargeTensors
 VOCAB, PADDED, Z = 17, 24, 0.05
 
 
-@pytest.fixture(params=["one chunk", "chunks of 3 rows"])
+@pytest.fixture(params=["one chunk", "chunks of 3 rows", "fused passes, chunks of 3 rows"])
 def chunked(request, monkeypatch):
     if request.param != "one chunk":
         monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 3 * PADDED * 4)
+    if request.param.startswith("fused"):  # a GPU's path for bf16/fp16 logits
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
 
 
 def reference_loss(logits: torch.Tensor, labels, mask) -> torch.Tensor:

@@ -12,12 +12,15 @@ from megatron.parallel import cross_entropy, vocab_parallel_cross_entropy
 from megatron.parallel.cross_entropy import _VocabParallelCrossEntropy
 
 
-@pytest.fixture(params=["one chunk", "chunks of 3 rows"])
+@pytest.fixture(params=["one chunk", "chunks of 3 rows", "fused passes, chunks of 3 rows"])
 def chunked(request, monkeypatch):
     """The default chunk size (these logits fit one chunk), and chunks of 3 rows of 17 or 24
-    columns, so that the tokens span several chunks with a shorter last one."""
+    columns, so that the tokens span several chunks with a shorter last one; then the same
+    chunks through the fused softmax kernels a GPU's bf16/fp16 logits take (FUSED_PASSES)."""
     if request.param != "one chunk":
         monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 3 * 24 * 4)
+    if request.param.startswith("fused"):
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
 
 
 def sharded_path(logits, target, label_smoothing=0.0, vocab_size=None):
@@ -147,8 +150,9 @@ class NewLargeTensors(TorchDispatchMode):
         return out
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["passes", "fused passes"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_logits_sized_buffer_at_tp1(dtype, monkeypatch):
+def test_one_logits_sized_buffer_at_tp1(dtype, fused, monkeypatch):
     """Forward and backward at tp 1 with a padded vocabulary, over logits several chunks long,
     write one buffer of the logits' size: the gradient. The softmax passes run a chunk at a
     time. `F.cross_entropy` over the token columns wrote four (the log-softmax, the
@@ -157,6 +161,8 @@ def test_one_logits_sized_buffer_at_tp1(dtype, monkeypatch):
     matrix multiply on a CPU."""
     tokens, vocab, padded = 64, 500, 512
     monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 8 * padded * 4)  # 8 of 64 rows
+    if fused:  # a GPU's path for bf16 logits (FUSED_PASSES)
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
     logits = torch.randn(4, tokens // 4, padded).to(dtype).requires_grad_()
     target = torch.randint(0, vocab, (4, tokens // 4))
     with NewLargeTensors(tokens * vocab // 2) as counted:
@@ -205,10 +211,13 @@ def test_a_later_reader_of_consumed_logits_fails_loudly():
         (loss.sum() + other).backward()
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["passes", "fused passes"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_consumed_logits_need_no_logits_sized_buffer(dtype, monkeypatch):
+def test_consumed_logits_need_no_logits_sized_buffer(dtype, fused, monkeypatch):
     tokens, vocab, padded = 64, 500, 512
     monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 8 * padded * 4)
+    if fused:
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
     weight = torch.randn(padded, 8).to(dtype).requires_grad_()
     hidden = torch.randn(4, tokens // 4, 8).to(dtype)
     target = torch.randint(0, vocab, (4, tokens // 4))
