@@ -101,7 +101,7 @@ def pip(wheelhouse: Path, *args: str, env: dict | None = None) -> None:
         )
 
 
-def _main(argv: list[str] | None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheelhouse", type=Path, required=True)
     parser.add_argument("--no-deepspeed-ops", action="store_true",
@@ -134,4 +134,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool(_main))
+    sys.exit(run_tool(main))

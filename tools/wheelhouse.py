@@ -168,7 +168,7 @@ def build(out: Path, python: str, machine: str) -> list[Path]:
     return files
 
 
-def _main(argv: list[str] | None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the folder to fill")
     parser.add_argument("--python", default="3.12", help="the target's Python, e.g. 3.12")
@@ -186,4 +186,4 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_tool(_main))
+    sys.exit(run_tool(main))

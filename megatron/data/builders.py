@@ -39,7 +39,7 @@ def run_values(cfg) -> dict:
         "seed": cfg.training.seed,
         # the tokenizer's: ids from it up to the padded size are no tokens (the loss leaves
         # their logit columns out), so synthetic data must not draw them
-        "vocab_size": cfg.model.true_vocab_size or cfg.model.padded_vocab_size,
+        "vocab_size": getattr(cfg.model, "true_vocab_size", None) or cfg.model.padded_vocab_size,
     }
 
 
