@@ -37,10 +37,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 CHECK_KEYS = ("mode", "started", "budget_s", "seconds", "environment", "steps", "summary")
 STEP_KEYS = ("name", "status", "seconds", "returncode", "metrics", "reason", "tail")
 STATUSES = ("passed", "failed", "timeout", "skipped")
@@ -78,14 +79,13 @@ class Step:
     parse: object = None  # callable(step, out, output) -> metrics
     pre: object = None  # callable() run first (its failure fails the step)
     skip: str | None = None
-    record: dict = field(default_factory=dict)
 
 
 def python() -> list[str]:
     return [sys.executable, "-u"]
 
 
-def environment(cpu: bool) -> dict:
+def environment() -> dict:
     import torch
 
     env = dict(python=platform.python_version(), torch=torch.__version__,
@@ -104,7 +104,6 @@ def environment(cpu: bool) -> dict:
     if nvcc:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
         env["nvcc"] = out.strip().splitlines()[-1] if out.strip() else "?"
-    sys.path.insert(0, str(REPO))
     from megatron.kernels.loader import extension_status
 
     env["fused_kernels_built"] = extension_status()
@@ -128,36 +127,13 @@ def matmul_tflops(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n**3 * repeats / (start.elapsed_time(end) / 1e3) / 1e12
 
 
-def run_config(folder: Path, cpu: bool, **keys) -> Path:
-    """The run's one config file: configs/160M.yml with this run's changes (tiny with --cpu)."""
-    import yaml
-
-    folder.mkdir(parents=True, exist_ok=True)
-    settings = yaml.safe_load((REPO / "configs" / "160M.yml").read_text())
-    settings.update(SHORT, log_dir=str(folder / "logs"))
-    if cpu:
-        settings.update(TINY, tokenizer_type="CharLevelTokenizer", precision="fp32")
-    else:
-        sys.path.insert(0, str(REPO))
-        from megatron.data.embedded import gpt2_tokenizer_files
-
-        vocab, merges = gpt2_tokenizer_files()
-        settings.update(tokenizer_type="GPT2BPETokenizer", vocab_file=str(vocab),
-                        merge_file=str(merges))  # fmt: skip
-    settings.update(keys)
-    if cpu and settings.get("attention_config") and settings["attention_config"][0][1] != 2:
-        settings["attention_config"] = [[settings["attention_config"][0][0], 2]]
-    path = folder / "run.yml"
-    path.write_text(json.dumps(settings, indent=1))
-    return path
-
-
-def shipped_config(name: str, folder: Path, data: Path, cpu: bool, **keys) -> Path:
-    """configs/{name}: its `data/...` paths moved under `data`, logs in `folder`, `keys` on top."""
+def shipped_config(name: str, folder: Path, cpu: bool, data: Path | None = None, **keys) -> Path:
+    """configs/{name} as this run's one config file: its `data/...` paths moved under `data`,
+    logs in `folder`, logged every step, `keys` on top."""
     import yaml
 
     def moved(value):
-        if isinstance(value, str) and value.startswith("data/"):
+        if isinstance(value, str) and value.startswith("data/") and data is not None:
             return str(data / value[len("data/") :])
         return [moved(v) for v in value] if isinstance(value, list) else value
 
@@ -175,31 +151,63 @@ def shipped_config(name: str, folder: Path, data: Path, cpu: bool, **keys) -> Pa
     return path
 
 
+def run_config(folder: Path, cpu: bool, **keys) -> Path:
+    """configs/160M.yml shortened (`SHORT`; tiny with --cpu), with this run's `keys`."""
+    if cpu:
+        sized = dict(TINY, tokenizer_type="CharLevelTokenizer")
+        if "attention_config" in keys:  # the run's attention, on TINY's 2 layers
+            keys = dict(keys, attention_config=[[keys["attention_config"][0][0], 2]])
+    else:
+        from megatron.data.embedded import gpt2_tokenizer_files
+
+        vocab, merges = gpt2_tokenizer_files()
+        sized = dict(tokenizer_type="GPT2BPETokenizer", vocab_file=str(vocab),
+                     merge_file=str(merges))  # fmt: skip
+    return shipped_config("160M.yml", folder, cpu, **{**SHORT, **sized, **keys})
+
+
+def deepy(config: Path) -> list[str]:
+    return [*python(), "deepy.py", "train.py", str(config)]
+
+
+def run_and_resume(name: str, folder: Path, again: Path, config, keys: dict, at: int | None,
+                   timeout: int) -> list[Step]:  # fmt: skip
+    """`deepy_{name}`: a run of `config(folder, **keys)`; with `at`, `resume_{name}`: the run
+    again from its checkpoint of iteration `at` (saved under `keys["save"]`), in `again`, its
+    losses held to the first run's (`resume_figures`)."""
+    first = Step(f"deepy_{name}", argv=deepy(config(folder, **keys)), timeout=timeout)
+    first.parse = lambda s, o, t: train_figures(folder)
+    if at is None:
+        return [first]
+    ckpt = Path(keys["save"])
+    resumed = dict(keys, load=str(ckpt), save=None, checkpoint_factor=None, finetune=False)
+    step = Step(f"resume_{name}", argv=deepy(config(again, **resumed)), timeout=timeout)
+    step.pre = lambda: point_latest(ckpt, at)
+    step.parse = lambda s, o, t: resume_figures(folder, again, at)
+    return [first, step]
+
+
 def dpo_steps(work: Path, cpu: bool, timeout: int) -> list[Step]:
     """The embedded preference set, 4 SFT steps, then DPO from them saving at 3 of 6 steps, and
     the DPO run resumed from step 3 (its reference model must be the SFT weights again)."""
-    data, sft, dpo = work / "dpo_data", work / "sft", work / "dpo"
+    data, sft = work / "dpo_data", work / "sft"
     prep = Step("dpo_data", timeout=timeout)
     prep.argv = [*python(), "tools/make_preference_data.py", "--data-dir", str(data),
                  "--n-train", "256", "--n-valid", "32", "--seq-length", "64"]  # fmt: skip
-    first = Step("deepy_sft", timeout=timeout)
-    first.argv = [*python(), "deepy.py", "train.py", str(shipped_config(
-        "sft-small.yml", sft, data, cpu, train_iters=4, save=str(sft / "ckpt"), load=None,
-        checkpoint_factor=4))]  # fmt: skip
-    first.parse = lambda s, o, t: train_figures(sft)
-    keys = dict(train_iters=6, save=str(dpo / "ckpt"), load=str(sft / "ckpt"), checkpoint_factor=3)
-    run = Step("deepy_dpo", timeout=timeout)
-    run.argv = [*python(), "deepy.py", "train.py", str(shipped_config("dpo-small.yml", dpo, data,
-                                                                      cpu, **keys))]  # fmt: skip
-    run.parse = lambda s, o, t: train_figures(dpo)
-    again = work / "dpo_resumed"
-    resume = Step("resume_dpo", timeout=timeout)
-    resume.pre = lambda: point_latest(dpo / "ckpt", 3)
-    resume.argv = [*python(), "deepy.py", "train.py", str(shipped_config(
-        "dpo-small.yml", again, data, cpu, **dict(keys, load=str(dpo / "ckpt"), save=None,
-                                                  finetune=False)))]  # fmt: skip
-    resume.parse = lambda s, o, t: resume_figures(dpo, again, 3)
-    return [prep, first, run, resume]
+
+    def config(name):
+        return lambda folder, **keys: shipped_config(name, folder, cpu, data, **keys)
+
+    sft_keys = dict(train_iters=4, save=str(sft / "ckpt"), load=None, checkpoint_factor=4)
+    dpo_keys = dict(train_iters=6, save=str(work / "dpo" / "ckpt"), load=str(sft / "ckpt"),
+                    checkpoint_factor=3)  # fmt: skip
+    return [
+        prep,
+        *run_and_resume("sft", sft, None, config("sft-small.yml"), sft_keys, None, timeout),
+        *run_and_resume(
+            "dpo", work / "dpo", work / "dpo_resumed", config("dpo-small.yml"), dpo_keys, 3, timeout
+        ),  # fmt: skip
+    ]
 
 
 def records(folder: Path) -> list[dict]:
@@ -232,31 +240,11 @@ def train_figures(folder: Path) -> dict:
 def deepy_steps(work: Path, cpu: bool, name: str, keys: dict, resume: bool, timeout: int) -> list:
     """A deepy.py run of 160M.yml + `keys`, and (resume) its exact resume from the middle."""
     iters = 6 if resume else 4
-    folder = work / name
-    base = dict(keys, train_iters=iters, save=str(folder / "ckpt") if resume else None,
+    base = dict(keys, train_iters=iters, save=str(work / name / "ckpt") if resume else None,
                 checkpoint_factor=iters // 2 if resume else None)  # fmt: skip
-
-    def argv(config: Path) -> list[str]:
-        return [*python(), "deepy.py", "train.py", str(config)]
-
-    first = Step(f"deepy_{name}", timeout=timeout)
-    first.argv = argv(run_config(folder, cpu, **base))
-    first.parse = lambda step, out_, text: train_figures(folder)
-    steps = [first]
-    if resume:
-        again = work / f"{name}_resumed"
-        step = Step(f"resume_{name}", timeout=timeout)
-        step.pre = lambda: point_latest(folder / "ckpt", iters // 2)
-        step.argv = argv(
-            run_config(
-                again,
-                cpu,
-                **dict(base, load=str(folder / "ckpt"), save=None, checkpoint_factor=None),
-            )
-        )
-        step.parse = lambda s, o, t: resume_figures(folder, again, iters // 2)
-        steps.append(step)
-    return steps
+    config = lambda folder, **k: run_config(folder, cpu, **k)  # noqa: E731
+    return run_and_resume(name, work / name, work / f"{name}_resumed", config, base,
+                          iters // 2 if resume else None, timeout)  # fmt: skip
 
 
 def point_latest(ckpt: Path, iteration: int) -> None:
@@ -285,7 +273,7 @@ def resume_figures(first: Path, resumed: Path, at: int) -> dict:
 def plan(out: Path, cpu: bool, work: Path | None = None) -> list[Step]:
     work = work or out / "runs"
     t = (lambda gpu, tiny: tiny) if cpu else (lambda gpu, tiny: gpu)  # noqa: E731
-    steps = [Step("environment", run=lambda s, o: environment(cpu), timeout=60)]
+    steps = [Step("environment", run=lambda s, o: environment(), timeout=60)]
     bench = Step("train_bench", timeout=t(240, 200))
     bench.argv = [*python(), "bench/bench_gpu_train.py", "--out", str(out / "gpu_train.json"),
                   *(["--tiny", "--steps", "3", "--warmup", "1"] if cpu else
