@@ -226,3 +226,20 @@ def test_consumed_logits_need_no_logits_sized_buffer(dtype, fused, monkeypatch):
         loss = vocab_parallel_cross_entropy(logits, target, vocab_size=vocab, consume_logits=True)
         loss.sum().backward()
     assert counted.ops == [], counted.ops
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["passes", "fused passes"])
+def test_bf16_forward_and_backward_read_nothing_back_from_the_device(fused, monkeypatch):
+    """Neither path makes the host wait for the device (HostReads: .item(), nonzero, mask
+    indexing, ...), over logits several chunks long with label smoothing and padding."""
+    from tests.device_costs import HostReads
+
+    monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 3 * 24 * 4)
+    if fused:  # a GPU's path for bf16 logits (FUSED_PASSES)
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
+    logits = (torch.randn(4, 5, 24) * 3).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 17, (4, 5))
+    with HostReads() as reads:
+        loss = vocab_parallel_cross_entropy(logits, target, label_smoothing=0.1, vocab_size=17)
+        loss.sum().backward()
+    assert reads.count == 0, reads.where
