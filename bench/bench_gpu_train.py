@@ -3,6 +3,7 @@ against a plain PyTorch loop over `transformers.GPTNeoXForCausalLM`.
 
     python bench/bench_gpu_train.py [--sizes 160M,410M,1.4B] [--steps 10] [--warmup 3]
         [--micro-batch N] [--set KEY=VALUE ...] [--peak-tflops T] [--out FILE]
+        [--contenders ours-eager,ours-compile,ours-fp16,hf-eager,hf-compile] [--profile]
     python bench/bench_gpu_train.py --tiny        # a 2-layer toy on the CPU: the logic only
 
 Shapes (seq 2048, GPT-2 vocabulary padded to 50304, parallel residual, rotary 25%, untied):
@@ -23,7 +24,9 @@ attention in full, no recomputation); MFU is against the device's dense peak for
 contender's precision (`--peak-tflops` overrides; none on a CPU). Peak memory is the
 contender's resident state (weights, gradients, optimizer, compiled graphs) plus the largest
 transient of its steps. Host syncs per step (CUDA only) are what `torch.cuda.set_sync_debug_mode`
-flags in the timed steps. Prints a table and writes `bench/results/gpu_train_{device}.json`.
+flags in the timed steps. `--contenders` runs a subset; `--profile` adds one more step each under
+`torch.profiler` (bench/gpu_profile.py: wall against device-busy time, kernel time by kind, the
+costliest kernels). Prints a table and writes `bench/results/gpu_train_{device}.json`.
 
 `--tiny` builds a 2-layer, 64-wide model with sequence 64 on whatever device is there (the
 CPU in CI). On a CPU the bf16 contenders run in fp32 (torch.compile cannot compile our bf16
@@ -72,6 +75,7 @@ SHAPES = {
     "410M": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
     "1.4B": dict(num_layers=24, hidden_size=2048, num_attention_heads=16),
 }
+CONTENDER_IDS = ("ours-eager", "ours-compile", "ours-fp16", "hf-eager", "hf-compile")
 MICRO_BATCH = {"160M": 8, "410M": 8, "1.4B": 4}
 TINY = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64)
 TINY.update(max_position_embeddings=64)
@@ -162,6 +166,7 @@ class Contender:
         before = _allocated()
         self.step = make()
         self.seconds, self.transient, self.syncs, self.timed = 0.0, 0, 0, 0
+        self.profile, self.profile_table = None, ""
         self.run(first_batch, timed=False)
         self.resident = _allocated() - before
 
@@ -182,6 +187,16 @@ class Contender:
             self.transient = max(self.transient, torch.cuda.max_memory_allocated() - before)
         if timed:
             self.seconds += time.perf_counter() - start
+
+    def run_profiled(self, batch) -> None:
+        """`profile` (figures) and `profile_table` of one more step under torch.profiler
+        (CUDA only; a profiler failure is recorded, not fatal)."""
+        from gpu_profile import profile_step
+
+        try:
+            self.profile, self.profile_table = profile_step(self.step, batch)
+        except Exception as err:  # noqa: BLE001 - the figures without it still stand
+            self.profile, self.profile_table = {"error": f"{type(err).__name__}: {err}"}, ""
 
     def release(self) -> None:
         self.step = None
@@ -217,8 +232,9 @@ def fp16_skip_reason() -> str | None:
 
 
 def contenders(make_cfg, batches, mixed: str) -> list[tuple]:
-    """`(name, precision, make, why skipped)` for one shape; `make` builds a step function.
-    `mixed` is the precision of the bf16 contenders (fp32 on a CPU, see `main`)."""
+    """`(name, precision, make, why skipped)` for one shape, in `CONTENDER_IDS`' order; `make`
+    builds a step function. `mixed` is the precision of the bf16 contenders (fp32 on a CPU, see
+    `main`)."""
     base = make_cfg(mixed, False)
     fp16_reason = fp16_skip_reason()
     return [
@@ -243,20 +259,25 @@ def fits_together(cfg, count: int) -> bool:
     return states < 0.6 * torch.cuda.get_device_properties(0).total_memory
 
 
-def measure(rows, batches, warmup: int, together: bool) -> list:
+def measure(rows, batches, warmup: int, together: bool, profile: bool) -> list:
     """Built contenders with their timed seconds. Together: built in turn, then one global
-    batch each in turn; else each alone over all the batches, released before the next."""
+    batch each in turn; else each alone over all the batches, released before the next.
+    `profile`: then one more step each under the profiler (`Contender.run_profiled`)."""
     built = []
     if together:
         built = [Contender(n, p, make, batches[0]) for n, p, make, _ in rows]
         for i, batch in enumerate(batches[1:], start=1):
             for c in built:
                 c.run(batch, timed=i >= warmup)
+        for c in built if profile else ():
+            c.run_profiled(batches[-1])
         return built
     for name, precision, make, _ in rows:
         c = Contender(name, precision, make, batches[0])
         for i, batch in enumerate(batches[1:], start=1):
             c.run(batch, timed=i >= warmup)
+        if profile:
+            c.run_profiled(batches[-1])
         c.release()
         built.append(c)
     return built
@@ -275,6 +296,7 @@ def figures(c: Contender, tokens: int, flops: float, peak_override) -> dict:
         mfu=speed.mfu,
         peak_memory_gib=None if memory is None else memory / 2**30,
         host_syncs_per_step=c.syncs / c.timed if c.timed else None,
+        **({"profile": c.profile} if c.profile is not None else {}),
     )
 
 
@@ -298,10 +320,12 @@ def bench_shape(name: str, shape: dict, vocab: int, args) -> dict:
     batches = synthetic_batches(cfg, iters, vocab, device)
     tokens = args.steps * micro * cfg.model.seq_length
     flops = training_flops_per_token(shape_from_config(cfg))
-    rows = contenders(make_cfg, batches, args.mixed)
+    rows = [r for i, r in zip(CONTENDER_IDS, contenders(make_cfg, batches, args.mixed))
+            if i in args.contenders]  # fmt: skip
     runnable = [r for r in rows if r[3] is None]
     together = fits_together(cfg, len(runnable))
-    measured = measure(runnable, batches, args.warmup, together)
+    measured = measure(runnable, batches, args.warmup, together, args.profile)
+    args.profile_tables += [(name, c.name, c.profile_table) for c in measured if c.profile_table]
     results = [figures(c, tokens, flops, args.peak_tflops) for c in measured]
     ours_mixed = [r for r in results if r["contender"].startswith(f"ours {args.mixed}")]
     return dict(
@@ -313,7 +337,9 @@ def bench_shape(name: str, shape: dict, vocab: int, args) -> dict:
         model_flops_per_token=flops,
         schedule="alternating" if together else "one at a time (states do not fit together)",
         rows=results,
-        ours_best=max(ours_mixed, key=lambda r: r["tokens_per_sec"])["contender"],
+        ours_best=max(ours_mixed, key=lambda r: r["tokens_per_sec"])["contender"]
+        if ours_mixed
+        else None,
         skipped=[{"contender": n, "reason": why} for n, _, _, why in rows if why is not None],
     )
 
@@ -344,7 +370,23 @@ def main(argv=None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--peak-tflops", type=float, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDER_IDS),
+        help=f"comma-separated, of {', '.join(CONTENDER_IDS)}",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more step each under torch.profiler (kernels on CUDA): figures in "
+        "the JSON, the profiler's tables beside it (*_profile.txt)",
+    )
     args = parser.parse_args(argv)
+    args.contenders = args.contenders.split(",")
+    unknown = [c for c in args.contenders if c not in CONTENDER_IDS]
+    if unknown:
+        parser.error(f"--contenders: {unknown} not among {', '.join(CONTENDER_IDS)}")
+    args.profile_tables = []
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be at least 1")
     import os
@@ -373,6 +415,11 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
+    if args.profile_tables:
+        tables = out.with_name(out.stem + "_profile.txt")
+        tables.write_text("".join(f"== {shape}: {name}\n{table}\n"
+                                  for shape, name, table in args.profile_tables))  # fmt: skip
+        print(f"wrote {tables}")
     return 0
 
 

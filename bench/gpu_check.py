@@ -16,7 +16,9 @@ Steps (GPU; `--cpu` runs the same ones at tiny sizes where the CPU can, and reco
   GPU over `cuda:gloo`); a module that fails to import is counted, not the end of the suite;
 - `train_bench`: bench/bench_gpu_train.py at 160M (ours eager and compiled, fp16, against the
   plain Hugging Face loop eager and compiled): tokens/s, TFLOP/s, MFU, peak memory, host syncs
-  per step counted by `torch.cuda.set_sync_debug_mode` against the CPU audit's prediction;
+  per step counted by `torch.cuda.set_sync_debug_mode` against the CPU audit's prediction, and
+  one more step each under torch.profiler (kernel time by kind, the costliest kernels;
+  `train_bench_profile.txt`); `train_bench_mb16`: ours and the compiled loop at micro-batch 16;
 - `deepy_*`: real `deepy.py` runs of configs/160M.yml on one GPU (NCCL): the pipeline engine
   bf16, the plain engine bf16, fp16 with forced overflow, fused kernels on and off,
   torch_compile, MoE bf16, most saving and then resuming (`resume_*`: the first resumed loss
@@ -274,12 +276,15 @@ def plan(out: Path, cpu: bool, work: Path | None = None) -> list[Step]:
     work = work or out / "runs"
     t = (lambda gpu, tiny: tiny) if cpu else (lambda gpu, tiny: gpu)  # noqa: E731
     steps = [Step("environment", run=lambda s, o: environment(), timeout=60)]
-    bench = Step("train_bench", timeout=t(240, 200))
-    bench.argv = [*python(), "bench/bench_gpu_train.py", "--out", str(out / "gpu_train.json"),
-                  *(["--tiny", "--steps", "3", "--warmup", "1"] if cpu else
-                    ["--sizes", "160M", "--steps", "8", "--warmup", "3"])]  # fmt: skip
-    bench.parse = lambda s, o, text: bench_figures(out / "gpu_train.json")
-    steps.append(bench)
+    sized = ["--tiny", "--steps", "3", "--warmup", "1"] if cpu else ["--sizes", "160M"]
+    for name, extra in (("train_bench", ["--profile"]),
+                        ("train_bench_mb16", ["--micro-batch", str(t(16, 4)), "--contenders",
+                                              "ours-eager,ours-compile,hf-compile"])):  # fmt: skip
+        bench, path = Step(name, timeout=t(240, 200)), out / f"{name}.json"
+        bench.argv = [*python(), "bench/bench_gpu_train.py", "--out", str(path), *sized,
+                      *([] if cpu else ["--steps", "8", "--warmup", "3"]), *extra]  # fmt: skip
+        bench.parse = lambda s, o, text, path=path: bench_figures(path)
+        steps.append(bench)
     steps_after_runs = dpo_steps(work, cpu, t(120, 150))
     for bench_name, sizes in (("softmax", ["--seqs", "2048", "8192"]),
                               ("rotary", ["--rotary-pct", "1.0", "0.25"])):  # fmt: skip

@@ -38,7 +38,8 @@ PEAK = 2.0  # TFLOP/s, an arbitrary peak so that MFU is computed on a CPU
 def test_tiny_run_reports_every_contender(tmp_path):
     out = tmp_path / "tiny.json"
     command = [sys.executable, "bench/bench_gpu_train.py", "--tiny", "--steps", "2",
-               "--warmup", "1", "--peak-tflops", str(PEAK), "--out", str(out)]  # fmt: skip
+               "--warmup", "1", "--peak-tflops", str(PEAK), "--out", str(out),
+               "--profile"]  # fmt: skip
     env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -68,4 +69,26 @@ def test_tiny_run_reports_every_contender(tmp_path):
         assert abs(row["tflops"] - row["tokens_per_sec"] * flops / 1e12) <= 1e-9, name
         assert 0 < row["mfu"] and abs(row["mfu"] - row["tflops"] / PEAK) <= 1e-12, name
         assert (row["peak_memory_gib"] is None) != torch.cuda.is_available(), name
+        profile = row["profile"]  # one more step under torch.profiler
+        assert profile["wall_ms"] > 0 and "error" not in profile, name
+        assert (profile["device_busy_ms"] > 0) == torch.cuda.is_available(), name
+        assert sum(profile["by_kind_ms"].values()) == pytest.approx(profile["device_busy_ms"])
     assert section["ours_best"] in rows and section["ours_best"].startswith("ours")
+    tables = out.with_name("tiny_profile.txt").read_text()
+    assert all(f": {name}\n" in tables for name in rows)  # the profiler's table of each
+
+
+def test_contenders_filter_runs_only_those_named(tmp_path):
+    out = tmp_path / "tiny.json"
+    command = [sys.executable, "bench/bench_gpu_train.py", "--tiny", "--steps", "1",
+               "--warmup", "1", "--contenders", "hf-eager", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (section,) = json.loads(out.read_text())["shapes"]
+    mixed = "bf16" if torch.cuda.is_available() else "fp32"
+    assert [r["contender"] for r in section["rows"]] == [CONTENDERS[3].format(p=mixed)]
+    assert section["ours_best"] is None and not section["skipped"]
+    bad = subprocess.run([*command[:-4], "--contenders", "ours-eagre"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "ours-eagre" in bad.stderr and "hf-compile" in bad.stderr
