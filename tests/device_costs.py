@@ -13,6 +13,10 @@ host with the device:
 - `bincount` (its CUDA kernel reads the input's range back), `equal`;
 - the accelerator's `synchronize()` (DeepSpeed's `get_accelerator()` and `torch.cuda`).
 
+`HostOps` counts every op dispatched while it is active, and those of them a GPU would launch
+a kernel for (`launches`: not a view, not an allocation): each costs the host a few
+microseconds, and work queued one small op at a time after a host read leaves the GPU idle.
+
 Tensors that live on the host on every device (torch's optimizers keep their step counters
 there) are named in `exempt` and not counted. Each read is recorded with the first frame
 outside torch and this file (`where`), so a failing test names the line that read.
@@ -129,6 +133,29 @@ class HostReads(TorchDispatchMode):
     def report(self) -> str:
         """The reads by place, most first: for a failing assertion's message."""
         return ", ".join(f"{where} x{n}" for where, n in self.where.most_common())
+
+
+_NO_KERNEL = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default}
+
+
+class HostOps(TorchDispatchMode):
+    """Counts, while active, the ops dispatched (`count`) and those that would launch a kernel
+    on a GPU (`launches`), with the launches by `file:line` of the calling code (`where`)."""
+
+    def __enter__(self):
+        self.count, self.launches, self.where = 0, 0, collections.Counter()
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        if not func.is_view and func not in _NO_KERNEL:
+            self.launches += 1
+            self.where[f"{func.overloadpacket.__name__} {caller()}"] += 1
+        return func(*args, **(kwargs or {}))
+
+    def report(self, top: int = 12) -> str:
+        """The launches by op and place, most first: for a failing assertion's message."""
+        return ", ".join(f"{where} x{n}" for where, n in self.where.most_common(top))
 
 
 def _deepspeed_accelerator():

@@ -235,7 +235,7 @@ class UnfusedStepChecks:
         _fp32_grads(optimizer)
         optimizer._global_grad_norm = norm
         optimizer._update_scale(False)
-        optimizer.unscale_and_clip_grads(norm)
+        _unscale_and_clip(optimizer, norm)
         optimizer.optimizer.step()
         _copy_back(optimizer)
         return optimizer.overflow
@@ -249,12 +249,29 @@ def _fp32_grads(optimizer) -> None:
             fp32.grad = grad.to(fp32.dtype)
 
 
+def _unscale_and_clip(optimizer, norm: float) -> None:
+    """DeepSpeed's `unscale_and_clip_grads`: the fp32 gradients times 1 / its combined scale
+    (the loss scale, times the clipping factor where the norm is above `clip_grad`), which it
+    computes from the host norm; the multiplication in one fused pass instead of one per
+    parameter after the step's read, and none by exactly 1 (bf16, and fp16 at scale 1)."""
+    combined = optimizer.unscale_and_clip_grads(norm, apply_scale=False)
+    if combined != 1.0:
+        grads = [p.grad for group in optimizer.fp32_groups for p in group if p.grad is not None]
+        torch._foreach_mul_(grads, 1.0 / combined)
+
+
 def _copy_back(optimizer) -> None:
-    """The stepped master weights into the 16-bit weights; the fp32 gradients dropped."""
+    """The stepped master weights into the 16-bit weights, in one fused pass (a copy per
+    parameter was some 450 host operations per step at 160M, while the GPU waited); the fp32
+    gradients dropped."""
+    masters, weights = [], []
     for fp32_group, fp16_group in zip(optimizer.fp32_groups, optimizer.fp16_groups, strict=True):
         for fp32, fp16 in zip(fp32_group, fp16_group, strict=True):
             fp32.grad = None
-            fp16.data.copy_(fp32.data)
+            masters.append(fp32)
+            weights.append(fp16)
+    with torch.no_grad():
+        torch._foreach_copy_(weights, masters)
 
 
 def _agree_overflow(checker, flag: torch.Tensor, has_moe_params: bool) -> torch.Tensor:

@@ -42,8 +42,9 @@ def global_grad_norm(parameters, topology) -> torch.Tensor:
     ]
     device = next((p.device for p in parameters), torch.device("cpu"))
     # Experts differ over the expert-parallel group (each rank holds its own): summed there.
-    experts = [p.grad.detach() for p in counted if getattr(p, "expert_parallel", False)]
-    dense = [p.grad.detach() for p in counted if not getattr(p, "expert_parallel", False)]
+    # (gradients need no detach: nothing records a graph of them; one was an op per parameter)
+    experts = [p.grad for p in counted if getattr(p, "expert_parallel", False)]
+    dense = [p.grad for p in counted if not getattr(p, "expert_parallel", False)]
     square, expert_square = _square_sum(dense, device), _square_sum(experts, device)
     square = square + all_reduce(expert_square, getattr(topology, "ep_group", None))
     for group in (topology.tp_group, topology.pp_group):
