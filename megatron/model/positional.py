@@ -70,8 +70,9 @@ class NoAttentionPositions(nn.Module):
 class RotaryEmbedding(NoAttentionPositions):
     """Rotary position embedding on the first `rotary_pct` of each head's dims.
 
-    Angles are computed in fp32 from `position_ids` on each call (the inverse frequencies are
-    a few dozen numbers, so no buffer exists for a bf16/fp16 cast to degrade). With
+    Angles are computed in fp32 from `position_ids` once per forward and shared by the layers
+    (`attention_masks.PER_FORWARD`; the inverse frequencies are a few dozen numbers, so no
+    buffer exists for a bf16/fp16 cast to degrade). With
     `rope_fusion`, every batch goes through the kernel package's fused path with one table
     per row (packed documents with reset positions included); otherwise through its PyTorch
     reference.
@@ -101,7 +102,11 @@ class RotaryEmbedding(NoAttentionPositions):
 
     def encode(self, q, k, position_ids):
         # q (s, b, nq, d), k (s, b, nkv, d)
-        cos, sin = self.cos_sin(position_ids)  # (s, b, 1, rot) each
+        key = ("rotary", self.rot_dim, self.base, type(self.scaling).__name__,
+               repr(sorted(self.scaling.fields.items())), self.scaling.max_positions,
+               position_ids.device)  # fmt: skip
+        # once per forward, shared by the layers (14 small kernels each, before)
+        cos, sin = PER_FORWARD.get(position_ids, key, lambda: self.cos_sin(position_ids))
         # The fused kernel reads a table per batch row, so it needs no look at the positions
         # (asking whether the rows agree would cost a device sync per layer).
         if self.fused:

@@ -2,10 +2,12 @@
 
 - ALiBi's bias is `slope_h * (pos_k - pos_q)` where a key is visible (the formula written here,
   rounded once to the compute dtype) and the dtype's lowest value where it is blocked.
+- Rotary's cos/sin are built once per forward too (counted: the same kernels at 2 and 4
+  layers), with the same numbers.
 - The per-forward cache follows the position ids: other ids (another micro-batch), or the same
   tensor changed in place, give the logits of a model that never cached anything; activation
   checkpointing (which recomputes with copies of the ids) gives the same loss and gradients
-  (ALiBi: bitwise; rpe: within rounding, see the test).
+  (ALiBi, rotary: bitwise; rpe: within rounding, see the test).
 - SDPA gets a mask with every query head's keys (the CUDA kernel that takes a mask takes no
   `enable_gqa`), and `enable_gqa` with `is_causal` where there is no mask (flash).
 - `FusedSoftmaxAttention` in bf16 is the textbook formula within bf16's rounding.
@@ -23,6 +25,7 @@ from megatron.model import build_gpt
 from megatron.model.attention_backends import FusedSoftmaxAttention, SDPAAttention
 from megatron.model.attention_masks import clear_masks
 from megatron.model.positional import AlibiBias, alibi_slopes
+from tests.device_costs import HostOps
 from tests.unit.model.tiny import assert_close, micro_batches, neox_args
 
 S, B, NQ, NKV, D = 7, 2, 4, 2, 8
@@ -50,7 +53,7 @@ def logits(model, tokens, positions):
         return model(tokens, positions)
 
 
-@pytest.mark.parametrize("pos_emb", ["alibi", "rpe"])
+@pytest.mark.parametrize("pos_emb", ["alibi", "rpe", "rotary"])
 def test_the_cache_follows_the_position_ids(pos_emb):
     args = neox_args(pos_emb=pos_emb, sliding_window_width=5)
     model = build_gpt(args).eval()
@@ -79,7 +82,7 @@ def loss_and_grads(args, batch):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("pos_emb", ["alibi", "rpe"])
+@pytest.mark.parametrize("pos_emb", ["alibi", "rpe", "rotary"])
 def test_activation_checkpointing_rebuilds_the_same_bias(pos_emb):
     args = neox_args(pos_emb=pos_emb, sliding_window_width=6)
     (batch,) = micro_batches(args, 1)
@@ -88,13 +91,29 @@ def test_activation_checkpointing_rebuilds_the_same_bias(pos_emb):
     ckpt_loss, ckpt_grads = loss_and_grads(ckpt, batch)
     assert_close(ckpt_loss, loss, "checkpointed loss", tol=1e-6)
     for name, grad in grads.items():
-        if pos_emb == "alibi":
+        if pos_emb != "rpe":
             assert torch.equal(ckpt_grads[name], grad), name
         else:
             # On the CPU, SDPA runs its flash kernel in checkpointing's no-grad forward and
             # the math kernel in the recompute (rpe's mask needs a gradient): rounding apart.
             # (On CUDA the memory-efficient kernel runs both.)
             assert_close(ckpt_grads[name], grad, name, tol=1e-5)
+
+
+def test_rotary_angles_are_built_once_per_forward():
+    """cos/sin of the rotary angles: the same kernels at 2 and 4 layers (14 more per layer when
+    each layer built its own, a few hundred launches per step at 160M)."""
+    built = []
+    for layers in (2, 4):
+        args = neox_args(pos_emb="rotary", num_layers=layers)
+        (((tokens, positions), _),) = micro_batches(args, 1)
+        model = build_gpt(args)
+        clear_masks()
+        with HostOps() as ops:
+            model(tokens, positions)
+        places = ("model/positional.py", "model/rope_scaling.py")
+        built.append(sum(n for where, n in ops.where.items() if any(p in where for p in places)))
+    assert built[0] == built[1] > 0, built
 
 
 def sdpa_arguments(monkeypatch, args, bias=None):
