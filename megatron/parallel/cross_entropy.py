@@ -75,15 +75,15 @@ def chunk_scratch(x: torch.Tensor, cols: int, dtype) -> torch.Tensor:
     return torch.empty((rows, cols), dtype=dtype, device=x.device)
 
 
-FUSED_PASSES = {"cuda"}
-"""Device types where lower-precision logits take torch's fused softmax kernels, a chunk at a
-time (`fused_local_sums`, and the backward's `torch.softmax`), instead of `local_sums`' passes
-over an upcast copy. On a GPU the cost is memory traffic: the fused kernels read the chunk in
-its own dtype once each, where the passes read and write an fp32 copy five times (forward) and
-four (backward): by a count of bytes, about 23 GB against 50 per step of 160M's 16k tokens ×
-50k vocabulary, some 7 ms at an H200's 4 TB/s, near the 8% by which our eager step trailed the
-plain loop's there (a prediction until a GPU measures it). On a CPU the passes run in cache and
-are the cheaper (1.1-1.3 s against 1.4-1.6 s for 1024 tokens, forward and backward)."""
+FUSED_PASSES = {"cuda": {torch.float16}}
+"""Device types, and the logits' dtypes there, that take torch's fused softmax kernels a chunk
+at a time (`fused_local_sums`, and the backward's `torch.softmax`) instead of `local_sums`'
+passes over an upcast copy. torch's CUDA softmax reads fp16 in its own dtype and writes fp32
+(`half_to_float`); bf16 it first copies to fp32, so for bf16 the kernels wrote that copy and
+their fp32 output, 2 GiB more peak memory at 160M (16k tokens × 50k vocabulary) for no
+measured speed (an H200: 236k tokens/s against the passes' 232k, within run-to-run change);
+fp16 there: 250k against 235k. On a CPU the passes run in cache and are the cheaper (1.1-1.3 s
+against 1.4-1.6 s for 1024 tokens, forward and backward)."""
 
 
 def fused_local_sums(x, real: int, dtype, smoothing: bool):
@@ -156,7 +156,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             keep = x if consume else torch.empty_like(x, dtype=dtype)
         if keep is not None:
             keep[:, real:] = 0.0  # padding columns: no probability, no gradient
-        fused = keep is None and x.dtype != dtype and x.device.type in FUSED_PASSES
+        fused = keep is None and x.dtype in FUSED_PASSES.get(x.device.type, ())
         if fused:
             local_max, sum_exp, sum_x = fused_local_sums(x, real, dtype, bool(label_smoothing))
         else:

@@ -11,6 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from megatron.parallel import cross_entropy, vocab_parallel_cross_entropy
 from megatron.parallel.cross_entropy import _VocabParallelCrossEntropy
 
+# every 16-bit dtype through the fused kernels, on the CPU too (a GPU takes them for fp16)
+FORCED_FUSED = {"cpu": {torch.bfloat16, torch.float16}, "cuda": {torch.bfloat16, torch.float16}}
+
 
 @pytest.fixture(params=["one chunk", "chunks of 3 rows", "fused passes, chunks of 3 rows"])
 def chunked(request, monkeypatch):
@@ -20,7 +23,7 @@ def chunked(request, monkeypatch):
     if request.param != "one chunk":
         monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 3 * 24 * 4)
     if request.param.startswith("fused"):
-        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", FORCED_FUSED)
 
 
 def sharded_path(logits, target, label_smoothing=0.0, vocab_size=None):
@@ -162,7 +165,7 @@ def test_one_logits_sized_buffer_at_tp1(dtype, fused, monkeypatch):
     tokens, vocab, padded = 64, 500, 512
     monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 8 * padded * 4)  # 8 of 64 rows
     if fused:  # a GPU's path for bf16 logits (FUSED_PASSES)
-        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", FORCED_FUSED)
     logits = torch.randn(4, tokens // 4, padded).to(dtype).requires_grad_()
     target = torch.randint(0, vocab, (4, tokens // 4))
     with NewLargeTensors(tokens * vocab // 2) as counted:
@@ -217,7 +220,7 @@ def test_consumed_logits_need_no_logits_sized_buffer(dtype, fused, monkeypatch):
     tokens, vocab, padded = 64, 500, 512
     monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 8 * padded * 4)
     if fused:
-        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", FORCED_FUSED)
     weight = torch.randn(padded, 8).to(dtype).requires_grad_()
     hidden = torch.randn(4, tokens // 4, 8).to(dtype)
     target = torch.randint(0, vocab, (4, tokens // 4))
@@ -236,7 +239,7 @@ def test_bf16_forward_and_backward_read_nothing_back_from_the_device(fused, monk
 
     monkeypatch.setitem(cross_entropy.CHUNK_BYTES, "cpu", 3 * 24 * 4)
     if fused:  # a GPU's path for bf16 logits (FUSED_PASSES)
-        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", {"cpu", "cuda"})
+        monkeypatch.setattr(cross_entropy, "FUSED_PASSES", FORCED_FUSED)
     logits = (torch.randn(4, 5, 24) * 3).to(torch.bfloat16).requires_grad_()
     target = torch.randint(0, 17, (4, 5))
     with HostReads() as reads:
