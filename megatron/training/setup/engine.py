@@ -29,6 +29,7 @@ from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
 from megatron.training.optim.optimizers import build_optimizer_from_config, check_parameter_shapes
 from megatron.training.setup.model import build_model_for_engine
+from megatron.training.step.bf16_wrapper import fuse_hp_grad_updates
 from megatron.training.step.fp16_scaler import install_loss_scaler, step_on_device
 from megatron.training.step.grad_norm import (
     STEP_GRAD_NORM,
@@ -88,6 +89,7 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     step_on_device(engine.optimizer, topology)  # before the loss scaler wraps the step
     install_loss_scaler(engine)
     clip_bf16_on_device(engine.optimizer)
+    fuse_hp_grad_updates(engine.optimizer)
     zero_checks_on_device(engine.optimizer)
     install_expert_grad_reduction(engine, model, topology)
     use_global_norm_clipping(engine, topology)

@@ -227,7 +227,8 @@ class Bf16StepChecks:
 
     DeepSpeed 0.19.8's step computes the global norm of its gradients and asks
     `is_invalid_grad_norm` of it: a read per step. Here `on_device()` computes the same norm
-    (the same gradients, `get_grads_for_norm`, the same function and groups) before the step,
+    (the same gradients, `get_grads_for_norm`, and groups; its function with one fused norm of
+    all tensors, `bf16_wrapper.foreach_global_norm`) before the step,
     and its validity is read with the non-finite step's flag. The step's own gradient list then
     carries that norm (`_KnownNorm`), which its norm function returns instead of computing it
     again, and its validity check answers the verdict read. Without mixture-of-experts layers
@@ -246,11 +247,11 @@ class Bf16StepChecks:
 
     def on_device(self) -> torch.Tensor:
         """[norm invalid] as fp32 on the device."""
-        from deepspeed.runtime.utils import get_global_norm_of_tensors
+        from megatron.training.step.bf16_wrapper import foreach_global_norm
 
         opt = self.optimizer
         grads, _ = self._grads()
-        self.norm = get_global_norm_of_tensors(grads, mpu=opt.mpu, norm_type=opt.norm_type)
+        self.norm = foreach_global_norm(grads, mpu=opt.mpu, norm_type=opt.norm_type)
         return _invalid(self.norm).float().reshape(1)
 
     def read(self, values) -> None:
