@@ -24,9 +24,10 @@ attention in full, no recomputation); MFU is against the device's dense peak for
 contender's precision (`--peak-tflops` overrides; none on a CPU). Peak memory is the
 contender's resident state (weights, gradients, optimizer, compiled graphs) plus the largest
 transient of its steps. Host syncs per step (CUDA only) are what `torch.cuda.set_sync_debug_mode`
-flags in the timed steps. `--contenders` runs a subset; `--profile` adds one more step each under
-`torch.profiler` (bench/gpu_profile.py: wall against device-busy time, kernel time by kind, the
-costliest kernels). Prints a table and writes `bench/results/gpu_train_{device}.json`.
+flags in the timed steps (`host_sync_places`: by the Python line that caused each).
+`--contenders` runs a subset; `--profile` adds one more step each under `torch.profiler`
+(bench/gpu_profile.py: wall against device-busy time, kernel time by kind, the costliest
+kernels). Prints a table and writes `bench/results/gpu_train_{device}.json`.
 
 `--tiny` builds a 2-layer, 64-wide model with sequence 64 on whatever device is there (the
 CPU in CI). On a CPU the bf16 contenders run in fp32 (torch.compile cannot compile our bf16
@@ -37,6 +38,7 @@ table and the JSON say which precision ran and what was skipped and why.
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import re
@@ -166,6 +168,7 @@ class Contender:
         before = _allocated()
         self.step = make()
         self.seconds, self.transient, self.syncs, self.timed = 0.0, 0, 0, 0
+        self.sync_places = collections.Counter()  # file:line -> host syncs caused there
         self.profile, self.profile_table = None, ""
         self.run(first_batch, timed=False)
         self.resident = _allocated() - before
@@ -178,7 +181,7 @@ class Contender:
             before = torch.cuda.memory_allocated()
         start = time.perf_counter()
         if cuda and timed:
-            self.syncs += host_syncs(lambda: self.step(batch))
+            self.syncs += host_syncs(lambda: self.step(batch), self.sync_places)
             self.timed += 1
         else:
             self.step(batch)
@@ -205,9 +208,10 @@ class Contender:
             torch.cuda.empty_cache()
 
 
-def host_syncs(fn) -> int:
+def host_syncs(fn, where: collections.Counter | None = None) -> int:
     """How many times `fn()` made the host wait for the GPU, as torch's sync debug mode sees it
-    (`.item()`, copies to the host, `nonzero` and the like; one warning each)."""
+    (`.item()`, copies to the host, `nonzero` and the like; one warning each). `where` counts
+    them by the Python line that caused each (the warning's origin)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -215,7 +219,10 @@ def host_syncs(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    if where is not None:
+        where.update(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    return len(syncs)
 
 
 def fp16_skip_reason() -> str | None:
@@ -296,6 +303,7 @@ def figures(c: Contender, tokens: int, flops: float, peak_override) -> dict:
         mfu=speed.mfu,
         peak_memory_gib=None if memory is None else memory / 2**30,
         host_syncs_per_step=c.syncs / c.timed if c.timed else None,
+        host_sync_places=dict(c.sync_places.most_common()),
         **({"profile": c.profile} if c.profile is not None else {}),
     )
 

@@ -9,6 +9,7 @@ given on the command line. Timings themselves are never asserted.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -92,3 +93,24 @@ def test_contenders_filter_runs_only_those_named(tmp_path):
     bad = subprocess.run([*command[:-4], "--contenders", "ours-eagre"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "ours-eagre" in bad.stderr and "hf-compile" in bad.stderr
+
+
+def test_host_syncs_are_counted_by_the_line_that_caused_them(monkeypatch):
+    """The GPU count (`torch.cuda.set_sync_debug_mode("warn")`: one warning per sync) with the
+    debug mode stubbed, as a CPU build has none: syncs by line, other warnings left out."""
+    import warnings
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_gpu_train
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+
+    def step():
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)  # counted here
+        warnings.warn("something else", stacklevel=1)
+
+    where = collections.Counter()
+    assert bench_gpu_train.host_syncs(step, where) == 2
+    ((place, count),) = where.items()
+    assert place.startswith("test_bench_gpu_train.py:") and count == 2
