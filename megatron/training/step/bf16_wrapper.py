@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from megatron.parallel.comm import all_reduce
+
 
 def fuse_hp_grad_updates(optimizer) -> None:
     """Replace a `BF16_Optimizer`'s `update_hp_grads` (see the module docstring); any other
@@ -70,9 +72,7 @@ def foreach_global_norm(tensors, mpu=None, norm_type: float = 2.0) -> torch.Tens
     norms = torch._foreach_norm(list(tensors), norm_type, dtype=torch.float32)
     total = torch.stack(norms).pow(norm_type).sum()
     if mpu is not None:
-        from deepspeed import comm as dist
-
-        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mpu.get_model_parallel_group())
+        all_reduce(total, mpu.get_model_parallel_group())
     total = total.pow(1.0 / norm_type)
     mask_nan_or_inf_with_val_inplace(total, device=total.device)
     return total
