@@ -89,6 +89,9 @@ class RotaryEmbedding(NoAttentionPositions):
         self.base = float(args.rotary_emb_base)
         self.fused = args.rope_fusion
         self.scaling = rope_rule(args)  # `rope_scaling`: frequencies and a cos/sin factor
+        # what the angles depend on besides the positions (the layers sharing them agree)
+        rule = (type(self.scaling).__name__, repr(sorted(self.scaling.fields.items())))
+        self.key = ("rotary", self.rot_dim, self.base, *rule, self.scaling.max_positions)
 
     def cos_sin(self, position_ids: torch.Tensor):
         """fp32 `cos, sin` of shape `(s, b, 1, rot_dim)` for `position_ids` `(b, s)`."""
@@ -102,10 +105,8 @@ class RotaryEmbedding(NoAttentionPositions):
 
     def encode(self, q, k, position_ids):
         # q (s, b, nq, d), k (s, b, nkv, d)
-        key = ("rotary", self.rot_dim, self.base, type(self.scaling).__name__,
-               repr(sorted(self.scaling.fields.items())), self.scaling.max_positions,
-               position_ids.device)  # fmt: skip
         # once per forward, shared by the layers (14 small kernels each, before)
+        key = (*self.key, position_ids.device)
         cos, sin = PER_FORWARD.get(position_ids, key, lambda: self.cos_sin(position_ids))
         # The fused kernel reads a table per batch row, so it needs no look at the positions
         # (asking whether the rows agree would cost a device sync per layer).
