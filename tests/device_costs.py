@@ -140,11 +140,12 @@ _NO_KERNEL = {aten.empty.memory_format, aten.empty_like.default, aten.empty_stri
 
 class HostOps(TorchDispatchMode):
     """Counts, while active, the ops dispatched (`count`) and those that would launch a kernel
-    on a GPU (`launches`), with the launches by `file:line` of the calling code (`where`)."""
+    on a GPU (`launches`), with the launches by `file:line` of the calling code (`where`); the
+    counts add up over every time it is entered."""
 
-    def __enter__(self):
+    def __init__(self):
+        super().__init__()
         self.count, self.launches, self.where = 0, 0, collections.Counter()
-        return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1

@@ -174,6 +174,32 @@ def resolve(settings: dict, world_size: int, vocab_size: int = CHAR_VOCAB):
     return config_from_dict(settings, world_size=world_size, vocab_size=vocab_size)
 
 
+def stepping_trainer(cfg, iters: int):
+    """The trainer's parts for a step-by-step test, on this rank of a `run_distributed` worker:
+    `(parts, steps, batches)`, the engine built and guarded as `pretrain` builds it
+    (`build_engine`, `engine_steps`, `NonFiniteSteps`) and the training batches of `cfg`'s data,
+    after one step (it creates the optimizer's state)."""
+    from megatron.data import build_tokenizer
+    from megatron.launcher.worker import initialize_distributed
+    from megatron.parallel.random import seed_everything
+    from megatron.training.setup.batches import BatchSettings
+    from megatron.training.setup.data import BatchFactory, build_datasets
+    from megatron.training.setup.engine import build_engine
+    from megatron.training.step.nonfinite import NonFiniteSteps
+    from megatron.training.step.steps import engine_steps
+
+    topology = initialize_distributed(cfg)
+    seed_everything(cfg.training.seed)
+    parts = build_engine(cfg, topology, iters)
+    steps = engine_steps(parts.engine, topology)
+    NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
+    batch = BatchSettings.from_config(cfg, build_tokenizer(cfg).eod)
+    batches = BatchFactory(cfg, topology, batch, parts.engine.device)
+    batches = batches(build_datasets(cfg, iters)[0], 0)
+    steps.train(batches)
+    return parts, steps, batches
+
+
 def tiny_config(*, world_size: int = 1, vocab_size: int = 100, **changes):
     """A resolved config of the tiny model without data; `changes` are flat config keys."""
     return config_from_dict({**_CONFIG, **changes}, vocab_size=vocab_size, world_size=world_size)

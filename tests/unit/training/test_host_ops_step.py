@@ -20,7 +20,7 @@ import pytest
 
 from tests.device_costs import HostOps
 from tests.distributed import run_distributed
-from tests.tiny import resolve, tiny_settings
+from tests.tiny import resolve, stepping_trainer, tiny_settings
 
 LAYOUTS = {
     "plain_zero0": (dict(pipe_parallel_size=0), "FP16_UnfusedOptimizer", 1),
@@ -29,35 +29,16 @@ LAYOUTS = {
 
 
 def _step_launches(rank, world_size, folder, layers, layout):
-    from megatron.data import build_tokenizer
-    from megatron.launcher.worker import initialize_distributed
-    from megatron.parallel.random import seed_everything
-    from megatron.training.setup.batches import BatchSettings
-    from megatron.training.setup.data import BatchFactory, build_datasets
-    from megatron.training.setup.engine import build_engine
-    from megatron.training.step.nonfinite import NonFiniteSteps
-    from megatron.training.step.steps import engine_steps
-
     adamw = {"type": "AdamW", "params": {"lr": 2.0e-3, "fused": True}}  # a GPU's default
     settings = tiny_settings(folder, save=None, load=None, train_iters=4, precision="bfloat16",
                              num_layers=layers, gradient_clipping=1.0, optimizer=adamw,
                              **LAYOUTS[layout][0])  # fmt: skip
-    cfg = resolve(settings, world_size)
-    topology = initialize_distributed(cfg)
-    seed_everything(cfg.training.seed)
-    parts = build_engine(cfg, topology, 4)
-    steps = engine_steps(parts.engine, topology)
-    NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
-    batch = BatchSettings.from_config(cfg, build_tokenizer(cfg).eod)
-    batches = BatchFactory(cfg, topology, batch, parts.engine.device)
-    batches = batches(build_datasets(cfg, 4)[0], 0)
-    steps.train(batches)  # the first step creates the optimizer's state
+    parts, steps, batches = stepping_trainer(resolve(settings, world_size), 4)
     counted, active = HostOps(), []
     for owner, name in ((parts.engine, "_backward_epilogue"), (parts.engine, "_take_model_step"),
                         (parts.engine.optimizer, "update_hp_grads")):  # fmt: skip
         if hasattr(owner, name):  # (the pipeline engine calls the last itself)
             setattr(owner, name, _counting(counted, active, getattr(owner, name)))
-    counted.__enter__(), counted.__exit__(None, None, None)  # zero counts, in case none runs
     steps.train(batches)
     tensors = sum(1 for p in parts.engine.module.parameters() if p.requires_grad)
     wrapper = type(parts.engine.optimizer).__name__
@@ -65,20 +46,17 @@ def _step_launches(rank, world_size, folder, layers, layout):
 
 
 def _counting(counter, active: list, method):
-    """`method` counted by `counter`, added up over calls (and once when nested)."""
+    """`method` counted by `counter` (once when the counted methods nest)."""
 
     def counted(*args, **kwargs):
         if active:
             return method(*args, **kwargs)
-        totals = (counter.launches, counter.where.copy())
         active.append(True)
         try:
             with counter:
                 return method(*args, **kwargs)
         finally:
             active.pop()
-            counter.launches += totals[0]
-            counter.where.update(totals[1])
 
     return counted
 

@@ -20,7 +20,7 @@ import torch
 
 from tests.device_costs import HostReads
 from tests.distributed import run_distributed
-from tests.tiny import resolve, tiny_settings
+from tests.tiny import resolve, stepping_trainer, tiny_settings
 
 LAYOUTS = {
     "pipeline_zero1": (dict(pipe_parallel_size=1, zero_optimization={"stage": 1}), 1),
@@ -29,27 +29,9 @@ LAYOUTS = {
 
 
 def _reads_per_step(rank, world_size, folder, layout):
-    from megatron.data import build_tokenizer
-    from megatron.launcher.worker import initialize_distributed
-    from megatron.parallel.random import seed_everything
-    from megatron.training.setup.batches import BatchSettings
-    from megatron.training.setup.data import BatchFactory, build_datasets
-    from megatron.training.setup.engine import build_engine
-    from megatron.training.step.nonfinite import NonFiniteSteps
-    from megatron.training.step.steps import engine_steps
-
     settings = tiny_settings(folder, save=None, load=None, train_iters=5, precision="bfloat16",
                              **LAYOUTS[layout][0])  # fmt: skip
-    cfg = resolve(settings, world_size)
-    topology = initialize_distributed(cfg)
-    seed_everything(cfg.training.seed)
-    parts = build_engine(cfg, topology, 5)
-    steps = engine_steps(parts.engine, topology)
-    NonFiniteSteps(parts.engine, parts.optimizer, topology, steps.local_loss).install()
-    batch = BatchSettings.from_config(cfg, build_tokenizer(cfg).eod)
-    batches = BatchFactory(cfg, topology, batch, parts.engine.device)
-    batches = batches(build_datasets(cfg, 5)[0], 0)
-    steps.train(batches)  # the first step creates the optimizer's state
+    parts, steps, batches = stepping_trainer(resolve(settings, world_size), 5)
     state = parts.optimizer.state.values()
     counters = [s["step"] for s in state if torch.is_tensor(s.get("step"))]
     with HostReads(exempt=counters) as reads:
