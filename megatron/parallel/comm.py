@@ -10,6 +10,10 @@ These and `host_values.py` (numbers and flags built on the host) are the package
 of `torch.distributed` collectives. Each refuses a CPU tensor on a group whose backend cannot
 reduce one (NCCL), so a value that missed its way to the device fails on the first CPU gloo
 test that gives the group an NCCL name, not on a user's first multi-GPU run.
+
+A `planned.PlannedGroup` (the memory plan's group without processes) is answered here too: its
+size and rank, and for each collective a `meta` tensor of the real result's shape, the bytes
+handed in recorded on the group.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.parallel.host_values import collective_device
+from megatron.parallel.planned import is_planned
 
 # torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -27,12 +32,16 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 def group_size(group) -> int:
     """Number of processes in `group` (1 for `None`)."""
-    return 1 if group is None else dist.get_world_size(group)
+    if group is None:
+        return 1
+    return group.size if is_planned(group) else dist.get_world_size(group)
 
 
 def group_rank(group) -> int:
     """This process's index inside `group` (0 for `None`)."""
-    return 0 if group is None else dist.get_rank(group)
+    if group is None:
+        return 0
+    return group.rank if is_planned(group) else dist.get_rank(group)
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -66,6 +75,9 @@ def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
     """Reduce `x` over `group` in place (`op`: sum or max); return it."""
     if group_size(group) == 1:
         return x
+    if is_planned(group):
+        group.record("all_reduce", x)
+        return x
     check_placement(x, group)
     flat = x.contiguous()  # x itself unless it is a strided view
     dist.all_reduce(flat, op=_OPS[op], group=group)
@@ -77,6 +89,9 @@ def all_reduce(x: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
 def broadcast(x: torch.Tensor, src: int, group) -> torch.Tensor:
     """Global rank `src`'s `x` on every rank of `group` (in place); return it."""
     if group_size(group) == 1:
+        return x
+    if is_planned(group):
+        group.record("broadcast", x)
         return x
     check_placement(x, group)
     dist.broadcast(x, src, group=group)
@@ -100,6 +115,9 @@ def all_gather_list(x: torch.Tensor, group) -> list[torch.Tensor]:
     """Every rank's `x` (same shape on all ranks) in rank order."""
     if group_size(group) == 1:
         return [x]
+    if is_planned(group):
+        group.record("all_gather", x)
+        return [x if i == group.rank else torch.empty_like(x) for i in range(group.size)]
     check_placement(x, group)
     parts = [torch.empty_like(x) for _ in range(group_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
@@ -124,6 +142,11 @@ def all_gather_along(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     size = group_size(group)
     if size == 1:
         return x
+    if is_planned(group):
+        group.record("all_gather", x)
+        shape = list(x.shape)
+        shape[dim] *= size
+        return x.new_empty(shape)
     check_placement(x, group)
     x = x.contiguous()
     if dim % x.dim() == 0:
@@ -145,8 +168,12 @@ def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
             f"tensor-parallel ranks: dim 0 ({x.shape[0]}, the sequence length) is not "
             f"divisible by {size}"
         )
+    out_shape = (x.shape[0] // size,) + tuple(x.shape[1:])
+    if is_planned(group):
+        group.record("reduce_scatter", x)
+        return x.new_empty(out_shape)
     check_placement(x, group)
     x = x.contiguous()
-    out = x.new_empty((x.shape[0] // size,) + tuple(x.shape[1:]))
+    out = x.new_empty(out_shape)
     _reduce_scatter_flat(out, x, group=group)
     return out

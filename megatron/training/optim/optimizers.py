@@ -141,13 +141,19 @@ def build_optimizer(
         ) from err
 
 
+def optimizer_groups(cfg, model: torch.nn.Module) -> list[dict[str, Any]]:
+    """The parameter groups `cfg`'s optimizer gets: weight decay or not, muP's per-width LR,
+    DeepSpeed's expert groups under ZeRO 1/2."""
+    groups = param_groups(model, cfg.optimizer.weight_decay)
+    if cfg.mup.use_mup:
+        groups = split_groups(groups, cfg.optimizer.optimizer_type)
+    return expert_param_groups(groups, cfg.parallel.zero_stage)
+
+
 def build_optimizer_from_config(cfg, model: torch.nn.Module):
     """(optimizer, parameter groups) for `deepspeed.initialize`."""
     o = cfg.optimizer
-    groups = param_groups(model, o.weight_decay)
-    if cfg.mup.use_mup:
-        groups = split_groups(groups, o.optimizer_type)
-    groups = expert_param_groups(groups, cfg.parallel.zero_stage)
+    groups = optimizer_groups(cfg, model)
     optimizer = build_optimizer(
         groups, o.optimizer_type, o.lr, o.weight_decay, o.optimizer_params or {}
     )

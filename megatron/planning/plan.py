@@ -1,0 +1,257 @@
+"""The plan of a resolved config: per pipeline stage, what its heaviest rank holds, against the
+GPU; and the step-time estimate.
+
+`plan_run(cfg)` builds the model on `meta` at one rank's shapes (`stages.py`), traces its
+activations (`activations.py`), accounts the model states of the config's DeepSpeed wrapper
+(`states.py`) and estimates the step (`steptime.py`). A stage's ranks differ only in their
+data-parallel index, and the first data-parallel rank's ZeRO partitions are the largest (the
+padding sits in the last one's), so the figures are that rank's.
+
+A stage's allocated peak is its persistent states plus the largest of: the activations' peak
+with the states alive during the backward (gradients, buckets), the gradient reduction's
+buffers, the optimizer step's. On a GPU two allowances follow, named as assumptions: the CUDA
+context with NCCL's buffers, outside the allocator (`CUDA_CONTEXT_GIB`), and the caching
+allocator's fragmentation (`FRAGMENTATION` of the allocated peak). The allocated peak is what
+`torch.cuda.max_memory_allocated` reports; the total is what must fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from megatron.config import deepspeed_config
+from megatron.model.args import ModelArgs
+from megatron.planning.activations import (
+    Checkpointing,
+    StageActivations,
+    StageTracer,
+    stage_activations,
+)
+from megatron.planning.stages import Stage, plan_stages
+from megatron.planning.states import (
+    BACKWARD,
+    FORWARD,
+    LP_BYTES,
+    REDUCE,
+    STEP,
+    ModelStates,
+    Rank,
+    model_states,
+    plan_groups,
+    wrapper_of,
+)
+
+CUDA_CONTEXT_GIB = 1.0
+"""The CUDA context and NCCL's communication buffers: outside PyTorch's allocator (assumed)."""
+FRAGMENTATION = 0.10
+"""The caching allocator's reserved-but-unused share of the allocated peak (assumed)."""
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    index: int
+    layers: tuple[int, int] | None
+    """The first and last transformer layer of the stage (None: it holds none)."""
+    parameters: int
+    states: ModelStates
+    reference: int
+    """A frozen reference model's weights (DPO, KTO)."""
+    activations: StageActivations
+    micro_batches: int
+    allowances: dict[str, int]
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """The transient bytes of each phase of a step, on top of the persistent ones (a
+        forward meets the gradients of the micro-batches before it)."""
+        s, acts = self.states, self.activations
+        return {
+            "forward": acts.forward + (s.during(FORWARD) if self.micro_batches > 1 else 0),
+            "backward": self.backward,
+            "gradient reduction": s.during(REDUCE),
+            "optimizer step": s.during(STEP),
+        }
+
+    @property
+    def backward(self) -> int:
+        """The backward's most: activations, the gradients made by then (all of them when
+        earlier micro-batches made them) and the backward's buffers."""
+        s = self.states
+        grads, buffers = s.during(FORWARD), s.during(BACKWARD) - s.during(FORWARD)
+        total = max(self.parameters, 1)
+        return buffers + max(
+            (held + (grads if self.micro_batches > 1 else grads * done // total)
+             for held, done in self.activations.backward_points),
+            default=0,
+        )  # fmt: skip
+
+    @property
+    def persistent(self) -> int:
+        return self.states.persistent + self.reference
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases
+        return max(phases, key=phases.get)
+
+    @property
+    def allocated(self) -> int:
+        return self.persistent + max(self.phases.values())
+
+    @property
+    def total(self) -> int:
+        return self.allocated + sum(self.allowances.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The sizes a plan is made for."""
+
+    world: int
+    dp: int
+    tp: int
+    pp: int
+    ep: int
+    micro_batch: int
+    """Sequences per micro-batch through the model (a pairwise objective's two sides)."""
+    micro_batches: int
+    seq: int
+    dtype: str
+    zero_stage: int
+    pipeline: bool
+
+    @classmethod
+    def from_config(cls, cfg, pairwise: bool = False) -> Layout:
+        par, t = cfg.parallel, cfg.training
+        pp = par.pipe_parallel_size
+        return cls(
+            world=par.world_size or 1,
+            dp=par.data_parallel_size or 1,
+            tp=par.model_parallel_size,
+            pp=max(pp, 1),
+            ep=cfg.moe.moe_expert_parallel_size,
+            micro_batch=t.train_micro_batch_size_per_gpu * (2 if pairwise else 1),
+            micro_batches=t.gradient_accumulation_steps,
+            seq=cfg.model.seq_length,
+            dtype=cfg.precision.dtype,
+            zero_stage=par.zero_stage,
+            pipeline=pp >= 1,
+        )
+
+
+def _layers(stage: Stage) -> tuple[int, int] | None:
+    from megatron.planning.activations import is_layer
+
+    layers = [e.index - 2 for e in stage.entries if is_layer(e)]
+    return (layers[0], layers[-1]) if layers else None
+
+
+def _holder(stage: Stage) -> torch.nn.Module:
+    """The stage's modules in one container (the optimizer's groups read names)."""
+    holder = torch.nn.ModuleList()
+    seen = set()
+    for entry in stage.entries:
+        if entry.module is not None and id(entry.module) not in seen:
+            seen.add(id(entry.module))
+            holder.append(entry.module)
+    return holder
+
+
+def stage_states(cfg, stage: Stage, layout: Layout, ds: dict) -> ModelStates:
+    """The model states of one rank of `stage` (`states.py`)."""
+    o = cfg.optimizer
+    largest = max((sum(p.numel() for p in e.module.parameters()) for e in stage.entries
+                   if e.module is not None), default=0)  # fmt: skip
+    rank = Rank(
+        groups=plan_groups(cfg, _holder(stage), layout.dp, layout.ep),
+        lp=LP_BYTES[layout.dtype],
+        dp=layout.dp,
+        zero=ds.get("zero_optimization") or {},
+        pipeline=layout.pipeline,
+        optimizer_type=o.optimizer_type,
+        optimizer_params=o.optimizer_params or {},
+        largest_layer=largest,
+        micro_batches=layout.micro_batches,
+    )
+    return model_states(rank, wrapper_of(ds, layout.dtype, layout.pipeline))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    layout: Layout
+    device: str
+    """What the traces stand for: `cuda` or `cpu`."""
+    stages: list[StagePlan]
+    wrapper: str
+    assumptions: list[str]
+
+    @property
+    def heaviest(self) -> StagePlan:
+        return max(self.stages, key=lambda s: s.total)
+
+
+def assumptions_of(cfg, device: str, objective) -> list[str]:
+    notes = []
+    if device == "cuda":
+        notes.append(
+            f"CUDA context and NCCL buffers {CUDA_CONTEXT_GIB:g} GiB and allocator "
+            f"fragmentation {FRAGMENTATION:.0%} of the allocated peak (allowances)"
+        )
+        notes.append(
+            "attention and dropout traced as CUDA runs them (flash or memory-efficient "
+            "kernel, bool dropout masks); other kernels as their PyTorch reference"
+        )
+    if cfg.moe.moe_num_experts > 1 and not cfg.moe.moe_token_dropping:
+        notes.append("dropless MoE layers traced with tokens routed evenly over the experts")
+    if not objective.language_model:
+        notes.append(
+            f"train_impl {cfg.post_training.train_impl}: its loss traced as the language "
+            "model's over the same logits"
+        )
+    if cfg.training.torch_compile:
+        notes.append("torch_compile: activations traced eagerly (compiled layers keep less)")
+    return notes
+
+
+def plan_run(cfg, device: str = "cuda") -> RunPlan:
+    """The plan of `cfg` (module docstring), its traces standing for `device`."""
+    from megatron.training.objectives import build_objective
+
+    objective = build_objective(cfg)
+    layout = Layout.from_config(cfg, objective.pairwise)
+    args = ModelArgs.from_config(cfg)
+    planned = plan_stages(args, layout.pp if layout.pipeline else 0, layout.tp, layout.ep,
+                          TORCH_DTYPES[layout.dtype])  # fmt: skip
+    ds = deepspeed_config(cfg)
+    ckpt = Checkpointing(
+        args.checkpoint_num_layers if args.checkpoint_activations else 0,
+        args.partition_activations,
+        aligned=layout.pipeline,
+    )
+    tracer = StageTracer(planned, layout.micro_batch, layout.seq, device)
+    pipe_section = {"pipe_partitioned": True, **(ds.get("pipeline") or {})}
+    partitioned = layout.tp > 1 and bool(pipe_section["pipe_partitioned"])
+    stages = []
+    for stage in planned.stages:
+        acts = stage_activations(tracer, stage, ckpt, tp=layout.tp, pipeline=layout.pipeline,
+                                 stages=layout.pp, micro_batches=layout.micro_batches,
+                                 partitioned_output=partitioned)  # fmt: skip
+        states = stage_states(cfg, stage, layout, ds)
+        reference = (
+            stage.parameter_count * LP_BYTES[layout.dtype] if objective.needs_reference else 0
+        )
+        plan = StagePlan(stage.index, _layers(stage), stage.parameter_count, states, reference,
+                         acts, layout.micro_batches, {})  # fmt: skip
+        if device == "cuda":
+            allowances = {
+                "CUDA context and NCCL buffers": int(CUDA_CONTEXT_GIB * GIB),
+                "allocator fragmentation": int(FRAGMENTATION * plan.allocated),
+            }
+            plan = dataclasses.replace(plan, allowances=allowances)
+        stages.append(plan)
+    wrapper = stages[0].states.wrapper
+    return RunPlan(layout, device, stages, wrapper, assumptions_of(cfg, device, objective))

@@ -1,0 +1,92 @@
+"""An estimate of a step's time: the matrix work at an assumed efficiency, and each
+collective's volume over its link. An estimate, labelled as one wherever it is shown.
+
+- Compute: the step's FLOPs (`megatron/training/metrics/flops.py::step_work`: 3 × the
+  forward, a reference model's forward for DPO/KTO; plus, under activation checkpointing, the
+  layers' forward again, which the hardware runs though MFU does not count it) over the
+  world's dense peak times `plan_mfu`; DeepSpeed's 1F1B pipeline stands idle for
+  `(pp - 1) / m` of it (m micro-batches per step), so it is stretched by `(m + pp - 1) / m`.
+- Communication: the bytes each rank sends per step in each kind of collective, over the
+  link its group crosses (NVLink within a node, the network between nodes), by ring
+  algorithms: an all-reduce of N bytes over t ranks sends `2 (t - 1) / t · N` per rank, an
+  all-gather `(t - 1)` times its shard, a reduce-scatter `(t - 1) / t · N`.
+- The estimate adds them, as if nothing overlapped; DeepSpeed overlaps part of the
+  data-parallel reduction with the backward (`overlap_comm`), so the sum is an upper end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def ring_bytes(kind: str, nbytes: float, ranks: int) -> float:
+    """Bytes one rank sends in a ring collective handed `nbytes` (module docstring)."""
+    if ranks <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2 * (ranks - 1) / ranks * nbytes
+    if kind == "all_gather":
+        return (ranks - 1) * nbytes
+    if kind in ("reduce_scatter", "broadcast"):
+        return (ranks - 1) / ranks * nbytes
+    if kind == "send":
+        return float(nbytes)
+    raise ValueError(f"no ring volume for collective '{kind}'")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommTerm:
+    """One kind of communication per step and rank."""
+
+    name: str
+    bytes: float
+    link: str
+    gb_per_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.bytes / (self.gb_per_s * 1e9)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    flops: float
+    """FLOPs the hardware runs per step, all ranks (recomputation included)."""
+    compute_s: float
+    """At `mfu` of the peak, pipeline idle time included."""
+    bubble: float
+    """The fraction of the compute time the pipeline stands idle."""
+    comm: list[CommTerm]
+    tokens: int
+    mfu: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + sum(t.seconds for t in self.comm)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def dominant(self) -> str:
+        """The largest term's name."""
+        terms = [("compute", self.compute_s), *((t.name, t.seconds) for t in self.comm)]
+        return max(terms, key=lambda term: term[1])[0]
+
+
+def estimate(
+    *,
+    flops: float,
+    tokens: int,
+    world: int,
+    peak_tflops: float,
+    mfu: float,
+    pp: int,
+    micro_batches: int,
+    comm: list[CommTerm],
+) -> StepTime:
+    """The step time of the module docstring."""
+    stretch = (micro_batches + pp - 1) / micro_batches if pp > 1 else 1.0
+    busy = flops / (world * peak_tflops * 1e12 * mfu)
+    return StepTime(flops, busy * stretch, 1 - 1 / stretch, comm, tokens, mfu)
