@@ -23,6 +23,7 @@ from megatron.config.groups.moe import MoEConfig
 from megatron.config.groups.mup import MuPConfig
 from megatron.config.groups.optimizer import OptimizerConfig
 from megatron.config.groups.parallel import ParallelConfig
+from megatron.config.groups.planning import PlanningConfig
 from megatron.config.groups.post_training import PostTrainingConfig
 from megatron.config.groups.precision import PrecisionConfig
 from megatron.config.groups.tokenizer import TokenizerConfig
@@ -46,6 +47,7 @@ GROUPS: dict[str, type] = {
     "launcher": LauncherConfig,
     "generation": GenerationConfig,
     "deepspeed": DeepSpeedConfig,
+    "planning": PlanningConfig,
 }
 
 
@@ -84,6 +86,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
     unimplemented: dict[str, Any] = field(default_factory=dict)
     """GPT-NeoX keys of `neox_keys.NEOX_KEYS` the config set and resolution accepted (at
     GPT-NeoX's default, without effect here, or expressed through our keys): the record."""

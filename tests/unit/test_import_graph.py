@@ -1,5 +1,6 @@
 """The package's import graph: no circles between modules, and `megatron/training/` imported
-only by `train.py` and `bench/` (what other rooms share with training lives below it).
+only by `train.py`, `bench/` and `megatron/planning/`, which models a run before launch (what
+other rooms share with training lives below it).
 
 Every import counts: at module level, inside a function, behind a type-checking guard. A
 circle means two files that cannot be read (or moved) one without the other; the room table
@@ -14,8 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING = "megatron.training"
-# Outside the package, these may import training: the worker entry point and the benchmarks.
-MAY_IMPORT_TRAINING = ("train.py", "bench/")
+# These may import training: the worker entry point, the benchmarks and the plan of a run.
+MAY_IMPORT_TRAINING = ("train.py", "bench/", "megatron/planning/")
 
 
 def _module_name(path: Path) -> str:

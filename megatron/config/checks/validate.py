@@ -18,6 +18,7 @@ from megatron.config.groups.moe import validate_moe
 from megatron.config.groups.mup import validate_mup
 from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.config.groups.parallel import validate_hpz
+from megatron.config.groups.planning import validate_planning
 from megatron.config.groups.post_training import validate_post_training
 from megatron.config.groups.rope_scaling import check_rope_scaling
 from megatron.config.neox.keys import SPARSE_ATTENTION_TYPES
@@ -211,3 +212,4 @@ def validate(cfg: Config, sources: dict[str, str]) -> None:
     validate_curriculum(cfg, sources)  # before post_training: names the curriculum
     validate_rwkv(cfg, sources)
     validate_post_training(cfg, sources)
+    validate_planning(cfg.planning, sources)

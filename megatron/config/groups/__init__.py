@@ -20,4 +20,5 @@ each; every flat key of a config file belongs to exactly one.
 | `launcher`      | hosts, launcher backend, ports, secrets                                |
 | `generation`    | `generate.py`'s sampling and prompts                                   |
 | `deepspeed`     | sections passed to DeepSpeed                                           |
+| `planning`      | the GPU and links the memory and step-time plan assumes                |
 """
