@@ -309,6 +309,29 @@ class _UnitBuilder:
         self.units.append(Unit(name, kept, full + nograd, recompute, params))
 
 
+def kept_buffers(tracer: StageTracer, stage: Stage, stages: int, tp_split: int) -> dict:
+    """The bytes kept between steps outside the model states: what the layers of the last
+    forward built for all of them (rotary angles, masks), cached; and on the pipeline
+    engine, on a stage with a stage before it, the receive buffer, the last micro-batch's
+    copy of it and that copy's gradient, on one with a stage after it, the buffer that
+    receives its output's gradient (1/tp of each with `pipe_partitioned`: `tp_split`; `stages`
+    1 for the plain engine)."""
+
+    def size(index: int) -> int:
+        hidden = tracer.inputs[index][0]
+        return -(-hidden.numel() * hidden.element_size() // tp_split)
+
+    out = {}
+    layers = [e for e in stage.entries if is_layer(e)]
+    if layers:  # the attention layers' cache keeps the last forward's (`attention_masks.py`)
+        out["position tensors of the last forward"] = tracer.layer(layers[0])[1]
+    if stage.index > 0:
+        out["received activations, a copy and its gradient"] = 3 * size(stage.entries[0].index)
+    if stage.index < stages - 1:
+        out["received output gradient"] = size(stage.entries[-1].index + 1)
+    return out
+
+
 def stage_activations(
     tracer: StageTracer,
     stage: Stage,

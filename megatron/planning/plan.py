@@ -27,6 +27,7 @@ from megatron.planning.activations import (
     Checkpointing,
     StageActivations,
     StageTracer,
+    kept_buffers,
     stage_activations,
 )
 from megatron.planning.stages import Stage, plan_stages
@@ -62,6 +63,8 @@ class StagePlan:
     """A frozen reference model's weights (DPO, KTO)."""
     activations: StageActivations
     micro_batches: int
+    buffers: dict[str, int]
+    """What else is kept between steps (`activations.kept_buffers`)."""
     allowances: dict[str, int]
 
     @property
@@ -91,7 +94,7 @@ class StagePlan:
 
     @property
     def persistent(self) -> int:
-        return self.states.persistent + self.reference
+        return self.states.persistent + self.reference + sum(self.buffers.values())
 
     @property
     def peak_phase(self) -> str:
@@ -244,8 +247,10 @@ def plan_run(cfg, device: str = "cuda") -> RunPlan:
         reference = (
             stage.parameter_count * LP_BYTES[layout.dtype] if objective.needs_reference else 0
         )
+        split = layout.tp if partitioned else 1
+        buffers = kept_buffers(tracer, stage, layout.pp if layout.pipeline else 1, split)
         plan = StagePlan(stage.index, _layers(stage), stage.parameter_count, states, reference,
-                         acts, layout.micro_batches, {})  # fmt: skip
+                         acts, layout.micro_batches, buffers, {})  # fmt: skip
         if device == "cuda":
             allowances = {
                 "CUDA context and NCCL buffers": int(CUDA_CONTEXT_GIB * GIB),

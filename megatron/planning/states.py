@@ -315,10 +315,8 @@ def _stage3(r: Rank) -> list[Term]:
     ]
     if r.dp > 1:
         terms.append(Term("persistent small parameters (whole)", lp * persistent))
-    live = min(
-        r.setting("stage3_max_live_parameters"),
-        r.largest_layer + r.setting("stage3_prefetch_bucket_size"),
-    )
+    prefetch = r.largest_layer + r.setting("stage3_prefetch_bucket_size")
+    live = min(r.setting("stage3_max_live_parameters"), prefetch, r.n)  # no more than there is
     terms.append(_transient("gathered parameters (layer + prefetch)", lp * live, BACKWARD))
     terms.append(_transient("a layer's gradients before reduction", lp * r.largest_layer, BACKWARD))
     step = max(pieces) * (4 if lp == 4 else lp + 4)
