@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Launch a worker script on every rank with one validated config.
 
-    python deepy.py train.py configs/160M.yml local.yml [--set train_iters=20] [--dry-run]
+    python deepy.py train.py configs/160M.yml local.yml [--set train_iters=20] [--dry-run [--json]]
         [--verbose]
     python deepy.py --describe [KEY] [--markdown]
 
@@ -13,6 +13,12 @@ file, a combination refused on the worker) also exits with status 2, its message
 with the ranks it stopped, and nothing else (its traceback with `--verbose`), while a bug keeps
 its traceback on the console (megatron/launcher/failures.py). Without `master_port`, a
 one-machine run takes a free port, so two runs on one machine do not collide.
+
+For `train.py`, `--dry-run` also prints the memory plan: what the heaviest rank of each
+pipeline stage will hold against the GPU's memory, and a step-time estimate
+(`megatron/planning/`); `--json` prints all of it as one JSON object. Before a launch on GPUs
+(a GPU found here, or `plan_gpu`/`gpu_memory_gib` set) a plan that does not fit is a warning
+with the smallest change that would.
 
 The resolved config travels to every worker as one shell-safe bundle argument; the DeepSpeed
 runner starts the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
@@ -66,6 +72,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="validate, print the resolved config and the runner command, launch nothing",
     )
     parser.add_argument(
+        "--json",
+        action="store_true",
+        help="with --dry-run: one JSON object (config, DeepSpeed config, runner command, "
+        "pre-flight findings, memory plan)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also show DeepSpeed's INFO lines (runner, launcher, engine) and worker commands",
@@ -83,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_intermixed_args(argv)
     if args.describe is None and (not args.script or not args.configs):
         parser.error("give a worker script and at least one config file")
+    if args.json and not args.dry_run:
+        parser.error("--json goes with --dry-run")
     return args
 
 
@@ -137,6 +151,65 @@ def preflight(cfg: Config, script: str) -> list:
     return findings
 
 
+def memory_plan(args: argparse.Namespace, cfg: Config, *, on_gpu_only: bool):
+    """`(plan, changes that would make it fit)` of a training run, or None: not a training
+    script, no vocabulary (the tokenizer did not load), or `on_gpu_only` and the plan is for
+    a CPU. A launch goes on whatever the plan says: a failure to plan is a warning there."""
+    if not is_training_script(args.script) or cfg.model.padded_vocab_size is None:
+        return None
+    from megatron.planning.files import plan_files
+    from megatron.planning.machine import machine_of
+
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import logs to stdout
+        machine = machine_of(cfg)
+        if on_gpu_only and machine.device != "cuda":
+            return None
+        world, vocab = cfg.parallel.world_size, cfg.model.true_vocab_size
+        return plan_files(args.configs, args.overrides, world_size=world, vocab_size=vocab,
+                          machine=machine)  # fmt: skip
+
+
+def warn_if_it_does_not_fit(args: argparse.Namespace, cfg: Config) -> None:
+    """Before a launch: the plan's warning and advice when a rank would not fit its GPU."""
+    from megatron.planning.report import gib
+
+    try:
+        planned = memory_plan(args, cfg, on_gpu_only=True)
+    except Exception as err:  # noqa: BLE001 - advice only: a plan that fails stops no run
+        log.warning("memory plan not made (%s: %s); launching anyway", type(err).__name__, err)
+        return
+    if planned is None or planned[0].fits is not False:
+        return
+    plan, changes = planned
+    log.warning(
+        "memory plan: stage %d needs %s per GPU, the %s has %s; it would fit with: %s "
+        "(deepy.py --dry-run shows the plan)",
+        plan.heaviest.index, gib(plan.heaviest.total), plan.machine.name,
+        gib(plan.machine.memory), "; or ".join(changes),
+    )  # fmt: skip
+
+
+def dry_run(args, cfg: Config, plan, findings) -> None:
+    """Print what `--dry-run` shows: as text, or with `--json` as one object."""
+    from megatron.planning.report import render, to_json
+
+    planned = memory_plan(args, cfg, on_gpu_only=False)
+    resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
+    if args.json:
+        out = {"config": resolved, "launch": plan.display(),
+               "preflight": [f.line() for f in findings],
+               "memory_plan": to_json(*planned) if planned else None}  # fmt: skip
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return
+    print(json.dumps(resolved, indent=2, sort_keys=True))
+    print(plan.display())
+    print("pre-flight:\n" + "\n".join(f"  {f.line()}" for f in findings))
+    if planned:
+        print(render(*planned))
+    elif is_training_script(args.script):
+        print("memory plan: none (the tokenizer did not load; its vocabulary sizes the model)")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
@@ -159,11 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg.launcher, args.script, user_args, verbose=args.verbose, collect_errors=True
     ) as plan:
         if args.dry_run:
-            resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
-            print(json.dumps(resolved, indent=2, sort_keys=True))
-            print(plan.display())
-            print("pre-flight:\n" + "\n".join(f"  {f.line()}" for f in findings))
+            dry_run(args, cfg, plan, findings)
             return 0
+        warn_if_it_does_not_fit(args, cfg)
         log.info(
             "launching %s on %s, master port %d%s",
             os.path.basename(args.script),

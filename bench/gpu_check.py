@@ -173,12 +173,14 @@ def deepy(config: Path) -> list[str]:
 
 
 def run_and_resume(name: str, folder: Path, again: Path, config, keys: dict, at: int | None,
-                   timeout: int) -> list[Step]:  # fmt: skip
-    """`deepy_{name}`: a run of `config(folder, **keys)`; with `at`, `resume_{name}`: the run
-    again from its checkpoint of iteration `at` (saved under `keys["save"]`), in `again`, its
-    losses held to the first run's (`resume_figures`)."""
-    first = Step(f"deepy_{name}", argv=deepy(config(folder, **keys)), timeout=timeout)
-    first.parse = lambda s, o, t: train_figures(folder)
+                   timeout: int, cpu: bool) -> list[Step]:  # fmt: skip
+    """`deepy_{name}`: a run of `config(folder, **keys)` (on a GPU with its memory plan); with
+    `at`, `resume_{name}`: the run again from its checkpoint of iteration `at` (saved under
+    `keys["save"]`), in `again`, its losses held to the first run's (`resume_figures`)."""
+    path = config(folder, **keys)
+    first = Step(f"deepy_{name}", argv=deepy(path), timeout=timeout)
+    planned = (lambda: {}) if cpu else (lambda: planned_figures(path))
+    first.parse = lambda s, o, t: {**train_figures(folder), **planned()}
     if at is None:
         return [first]
     ckpt = Path(keys["save"])
@@ -205,9 +207,16 @@ def dpo_steps(work: Path, cpu: bool, timeout: int) -> list[Step]:
                     checkpoint_factor=3)  # fmt: skip
     return [
         prep,
-        *run_and_resume("sft", sft, None, config("sft-small.yml"), sft_keys, None, timeout),
+        *run_and_resume("sft", sft, None, config("sft-small.yml"), sft_keys, None, timeout, cpu),
         *run_and_resume(
-            "dpo", work / "dpo", work / "dpo_resumed", config("dpo-small.yml"), dpo_keys, 3, timeout
+            "dpo",
+            work / "dpo",
+            work / "dpo_resumed",
+            config("dpo-small.yml"),
+            dpo_keys,
+            3,
+            timeout,
+            cpu,
         ),  # fmt: skip
     ]
 
@@ -217,6 +226,22 @@ def records(folder: Path) -> list[dict]:
     if not path.exists():
         return []
     return [r for r in map(json.loads, path.read_text().splitlines()) if "split" not in r]
+
+
+def planned_figures(config: Path) -> dict:
+    """The memory plan of the run's config (`tools/plan.py --json`, for this machine's GPU):
+    its allocated peak, which the run's `max_memory_allocated_gib` is compared with."""
+    run = subprocess.run([*python(), "tools/plan.py", str(config), "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    if run.returncode != 0:
+        return {"planned_error": run.stderr.strip()[-2000:]}
+    plan = json.loads(run.stdout)
+    stage = plan["stages"][plan["heaviest_stage"]]
+    return {
+        "planned_allocated_gib": stage["allocated"] / 2**30,
+        "planned_total_gib": stage["total"] / 2**30,
+        "planned_for": plan["machine"]["name"],
+    }
 
 
 def train_figures(folder: Path) -> dict:
@@ -246,7 +271,7 @@ def deepy_steps(work: Path, cpu: bool, name: str, keys: dict, resume: bool, time
                 checkpoint_factor=iters // 2 if resume else None)  # fmt: skip
     config = lambda folder, **k: run_config(folder, cpu, **k)  # noqa: E731
     return run_and_resume(name, work / name, work / f"{name}_resumed", config, base,
-                          iters // 2 if resume else None, timeout)  # fmt: skip
+                          iters // 2 if resume else None, timeout, cpu)  # fmt: skip
 
 
 def point_latest(ckpt: Path, iteration: int) -> None:

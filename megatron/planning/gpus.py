@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
+from megatron.config import ConfigError
 from megatron.training.metrics.flops import peak_tflops
 
 PCIE_GB_PER_S = 25.0
@@ -53,7 +54,7 @@ GPUS: list[Gpu] = [
 
 
 def find_gpu(name: str) -> Gpu:
-    """The table's GPU of `name` (case and spacing ignored), or a `ValueError` listing them."""
+    """The table's GPU of `name` (case and spacing ignored), or a `ConfigError` listing them."""
     key = name.replace(" ", "").replace("_", "-").lower()
     for gpu in GPUS:
         if gpu.name.replace(" ", "").lower() == key:
@@ -61,7 +62,7 @@ def find_gpu(name: str) -> Gpu:
     names = [g.name for g in GPUS]
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    raise ValueError(
+    raise ConfigError(
         f"plan_gpu '{name}' is not in the plan's GPU table ({', '.join(names)}){hint}; or set "
         "gpu_memory_gib (and peak_theoretical_tflops) for another GPU"
     )

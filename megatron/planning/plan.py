@@ -30,6 +30,7 @@ from megatron.planning.activations import (
     kept_buffers,
     stage_activations,
 )
+from megatron.planning.machine import Machine, machine_of
 from megatron.planning.stages import Stage, plan_stages
 from megatron.planning.states import (
     BACKWARD,
@@ -43,6 +44,7 @@ from megatron.planning.states import (
     plan_groups,
     wrapper_of,
 )
+from megatron.planning.steptime import StepTime, communication, estimate, step_flops
 
 CUDA_CONTEXT_GIB = 1.0
 """The CUDA context and NCCL's communication buffers: outside PyTorch's allocator (assumed)."""
@@ -75,8 +77,8 @@ class StagePlan:
         return {
             "forward": acts.forward + (s.during(FORWARD) if self.micro_batches > 1 else 0),
             "backward": self.backward,
-            "gradient reduction": s.during(REDUCE),
-            "optimizer step": s.during(STEP),
+            "grad reduce": s.during(REDUCE),
+            "optim step": s.during(STEP),
         }
 
     @property
@@ -186,15 +188,23 @@ def stage_states(cfg, stage: Stage, layout: Layout, ds: dict) -> ModelStates:
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     layout: Layout
-    device: str
-    """What the traces stand for: `cuda` or `cpu`."""
+    machine: Machine
     stages: list[StagePlan]
     wrapper: str
+    step: StepTime | None
+    """None without a known peak (a CPU, an unknown GPU)."""
     assumptions: list[str]
 
     @property
     def heaviest(self) -> StagePlan:
         return max(self.stages, key=lambda s: s.total)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether every rank's total fits its memory (None: the memory is unknown)."""
+        if self.machine.memory is None:
+            return None
+        return self.heaviest.total <= self.machine.memory
 
 
 def assumptions_of(cfg, device: str, objective) -> list[str]:
@@ -220,43 +230,69 @@ def assumptions_of(cfg, device: str, objective) -> list[str]:
     return notes
 
 
-def plan_run(cfg, device: str = "cuda") -> RunPlan:
-    """The plan of `cfg` (module docstring), its traces standing for `device`."""
+def _step(cfg, objective, layout: Layout, machine: Machine, stages, tracer) -> StepTime | None:
+    """The step-time estimate (`steptime.py`), from the heaviest stage's traffic."""
+    if machine.peak_tflops is None:
+        return None
+    busiest = max(stages, key=lambda s: sum(s.activations.traffic.values()))
+    first_out = tracer.inputs[tracer.planned.stages[0].entries[-1].index + 1][0]
+    comm = communication(
+        tp=layout.tp, dp=layout.dp, pp=layout.pp, ep=layout.ep,
+        micro_batches=layout.micro_batches, traffic=busiest.activations.traffic,
+        boundary_bytes=first_out.numel() * first_out.element_size(),
+        dp_bytes=max(s.parameters for s in stages) * LP_BYTES[layout.dtype],
+        wrapper=stages[0].states.wrapper, links=machine.links,
+    )  # fmt: skip
+    flops, tokens = step_flops(cfg, objective)
+    return estimate(flops=flops, tokens=tokens, world=layout.world,
+                    peak_tflops=machine.peak_tflops, mfu=cfg.planning.plan_mfu, pp=layout.pp,
+                    micro_batches=layout.micro_batches, comm=comm)  # fmt: skip
+
+
+def _stage_plan(cfg, stage, tracer, layout, ds, ckpt, objective, partitioned) -> StagePlan:
+    acts = stage_activations(tracer, stage, ckpt, tp=layout.tp, pipeline=layout.pipeline,
+                             stages=layout.pp, micro_batches=layout.micro_batches,
+                             partitioned_output=partitioned)  # fmt: skip
+    states = stage_states(cfg, stage, layout, ds)
+    lp = LP_BYTES[layout.dtype]
+    reference = stage.parameter_count * lp if objective.needs_reference else 0
+    split = layout.tp if partitioned else 1
+    buffers = kept_buffers(tracer, stage, layout.pp if layout.pipeline else 1, split)
+    return StagePlan(stage.index, _layers(stage), stage.parameter_count, states, reference,
+                     acts, layout.micro_batches, buffers, {})  # fmt: skip
+
+
+def with_allowances(plan: StagePlan) -> StagePlan:
+    """A GPU's allowances (module docstring) added to a stage's plan."""
+    allowances = {
+        "CUDA context and NCCL buffers": int(CUDA_CONTEXT_GIB * GIB),
+        "allocator fragmentation": int(FRAGMENTATION * plan.allocated),
+    }
+    return dataclasses.replace(plan, allowances=allowances)
+
+
+def plan_run(cfg, machine: Machine | None = None) -> RunPlan:
+    """The plan of `cfg` (module docstring) on `machine` (default: `machine_of(cfg)`)."""
     from megatron.training.objectives import build_objective
 
+    machine = machine or machine_of(cfg)
     objective = build_objective(cfg)
     layout = Layout.from_config(cfg, objective.pairwise)
     args = ModelArgs.from_config(cfg)
     planned = plan_stages(args, layout.pp if layout.pipeline else 0, layout.tp, layout.ep,
                           TORCH_DTYPES[layout.dtype])  # fmt: skip
     ds = deepspeed_config(cfg)
-    ckpt = Checkpointing(
-        args.checkpoint_num_layers if args.checkpoint_activations else 0,
-        args.partition_activations,
-        aligned=layout.pipeline,
-    )
-    tracer = StageTracer(planned, layout.micro_batch, layout.seq, device)
+    interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
+    ckpt = Checkpointing(interval, args.partition_activations, aligned=layout.pipeline)
+    tracer = StageTracer(planned, layout.micro_batch, layout.seq, machine.device)
     pipe_section = {"pipe_partitioned": True, **(ds.get("pipeline") or {})}
     partitioned = layout.tp > 1 and bool(pipe_section["pipe_partitioned"])
-    stages = []
-    for stage in planned.stages:
-        acts = stage_activations(tracer, stage, ckpt, tp=layout.tp, pipeline=layout.pipeline,
-                                 stages=layout.pp, micro_batches=layout.micro_batches,
-                                 partitioned_output=partitioned)  # fmt: skip
-        states = stage_states(cfg, stage, layout, ds)
-        reference = (
-            stage.parameter_count * LP_BYTES[layout.dtype] if objective.needs_reference else 0
-        )
-        split = layout.tp if partitioned else 1
-        buffers = kept_buffers(tracer, stage, layout.pp if layout.pipeline else 1, split)
-        plan = StagePlan(stage.index, _layers(stage), stage.parameter_count, states, reference,
-                         acts, layout.micro_batches, buffers, {})  # fmt: skip
-        if device == "cuda":
-            allowances = {
-                "CUDA context and NCCL buffers": int(CUDA_CONTEXT_GIB * GIB),
-                "allocator fragmentation": int(FRAGMENTATION * plan.allocated),
-            }
-            plan = dataclasses.replace(plan, allowances=allowances)
-        stages.append(plan)
-    wrapper = stages[0].states.wrapper
-    return RunPlan(layout, device, stages, wrapper, assumptions_of(cfg, device, objective))
+    stages = [
+        _stage_plan(cfg, stage, tracer, layout, ds, ckpt, objective, partitioned)
+        for stage in planned.stages
+    ]
+    if machine.device == "cuda":
+        stages = [with_allowances(s) for s in stages]
+    step = _step(cfg, objective, layout, machine, stages, tracer)
+    notes = assumptions_of(cfg, machine.device, objective)
+    return RunPlan(layout, machine, stages, stages[0].states.wrapper, step, notes)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron.training.metrics.flops import forward_flops_per_token, shape_from_config, step_work
+
 
 def ring_bytes(kind: str, nbytes: float, ranks: int) -> float:
     """Bytes one rank sends in a ring collective handed `nbytes` (module docstring)."""
@@ -90,3 +92,80 @@ def estimate(
     stretch = (micro_batches + pp - 1) / micro_batches if pp > 1 else 1.0
     busy = flops / (world * peak_tflops * 1e12 * mfu)
     return StepTime(flops, busy * stretch, 1 - 1 / stretch, comm, tokens, mfu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Links:
+    """Per-GPU bandwidths, GB/s one direction, and how many GPUs share a node."""
+
+    nvlink: float
+    network: float
+    gpus_per_node: int
+
+    def over(self, span: int) -> tuple[str, float]:
+        """The link a group of ranks spread over `span` consecutive ranks crosses."""
+        if span <= self.gpus_per_node:
+            return "NVLink", self.nvlink
+        return "network", self.network
+
+
+DP_VOLUME = {
+    "torch optimizer": ("all_reduce", 1),
+    "FP16_UnfusedOptimizer": ("all_reduce", 1),
+    "BF16_Optimizer": ("all_reduce", 1),
+    "DeepSpeedZeroOptimizer": ("reduce_scatter", 2),  # the gradients, then the weights gathered
+    "DeepSpeedZeroOptimizer_Stage3": ("reduce_scatter", 3),  # and the weights twice
+}
+"""Per wrapper: the collective whose ring volume the data-parallel exchange is counted in, and
+how many of it a step makes over the rank's gradients or weights."""
+
+
+def communication(
+    *,
+    tp: int,
+    dp: int,
+    pp: int,
+    ep: int,
+    micro_batches: int,
+    traffic: dict[str, int],
+    boundary_bytes: int,
+    dp_bytes: int,
+    wrapper: str,
+    links: Links,
+) -> list[CommTerm]:
+    """Each collective's bytes per step and rank, over its link (module docstring).
+
+    `traffic`: the traced bytes each `{group}_{collective}` is handed per micro-batch (the
+    heaviest stage's); `boundary_bytes`: a micro-batch's activations between two stages;
+    `dp_bytes`: the rank's gradients in the dtype they are reduced in."""
+    terms = []
+    sizes = {"tensor": (tp, tp), "expert": (ep, tp * ep)}  # (ranks, span of consecutive ranks)
+    for key, nbytes in sorted(traffic.items()):
+        group, kind = key.split("_", 1)
+        ranks, span = sizes[group]
+        link, speed = links.over(span)
+        moved = ring_bytes(kind, nbytes, ranks) * micro_batches
+        terms.append(CommTerm(f"{group}-parallel {kind.replace('_', '-')}", moved, link, speed))
+    if pp > 1:
+        link, speed = links.over(tp * dp * pp)
+        moved = 2 * boundary_bytes * micro_batches  # activations forward, gradients back
+        terms.append(CommTerm("pipeline send/recv", moved, link, speed))
+    if dp > 1 and wrapper in DP_VOLUME:
+        kind, times = DP_VOLUME[wrapper]
+        link, speed = links.over(tp * dp)
+        moved = times * ring_bytes(kind, dp_bytes, dp)
+        terms.append(CommTerm("data-parallel gradients and weights", moved, link, speed))
+    return terms
+
+
+def step_flops(cfg, objective) -> tuple[float, int]:
+    """FLOPs the hardware runs per step (all ranks) and the tokens trained on: the model FLOPs
+    of `step_work`, and under activation checkpointing the layers' forward once more (the
+    output head is not recomputed)."""
+    work = step_work(cfg, objective)
+    flops = work.flops
+    if cfg.model.checkpoint_activations:
+        shape = shape_from_config(cfg)
+        head = 2 * shape.hidden_size * shape.vocab_size
+        flops += work.tokens * (forward_flops_per_token(shape) - head)
+    return flops, work.tokens

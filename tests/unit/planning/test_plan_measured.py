@@ -2,10 +2,10 @@
 its peak within a step, counted over real tensors (`LiveBytes` on the CPU: every storage an op
 makes, from before the engine is built to the end of the second step).
 
-The plan is made for the CPU (`plan_run(cfg, "cpu")`: the traces take the CPU's kernels) in
-this process; the runs are gloo ranks building the trainer's own engine (`build_engine`) and
-stepping it (`tests/tiny.py::stepping_trainer`). Between steps the model states must agree to
-2% (what else lives there: the data batch, RNG states, cached rotary angles); the peak to 10%
+The plan is made for the CPU (`plan_run(cfg, cpu_machine(cfg))`: the traces take the CPU's
+kernels) in this process; the runs are gloo ranks building the trainer's own engine
+(`build_engine`) and stepping it (`tests/tiny.py::stepping_trainer`). Between steps the model
+states must agree to 2% (what else lives there: the data batch, RNG states); the peak to 10%
 (the issue's bound), at every rank of every case: one per DeepSpeed wrapper, tensor and
 pipeline parallelism with the 1F1B schedule, activation checkpointing, ZeRO 2 and 3
 partitions.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from megatron.planning.machine import cpu_machine
 from megatron.planning.plan import plan_run
 from megatron.planning.trace import LiveBytes
 from tests.distributed import run_distributed
@@ -57,7 +58,8 @@ def _measure(rank, world_size, folder, name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_plan_holds_what_a_real_run_holds(tmp_path, name):
     world = CASES[name][0]
-    plan = plan_run(resolve(_settings(tmp_path, name), world), "cpu")
+    cfg = resolve(_settings(tmp_path, name), world)
+    plan = plan_run(cfg, cpu_machine(cfg))
     for stage, between, peak in run_distributed(_measure, world, str(tmp_path), name):
         planned = plan.stages[stage]
         assert between == pytest.approx(planned.persistent, rel=0.02), (stage, "between steps")
