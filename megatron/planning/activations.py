@@ -244,6 +244,19 @@ def _add(total: dict, more: dict, times: int = 1) -> None:
         total[key] = total.get(key, 0) + times * n
 
 
+PART_NAMES = {
+    "EmbeddingPipe": "embedding",
+    "before_transformer_layers": "",
+    "after_transformer_layers": "",
+    "FinalNormPipe": "final norm",
+    "OutputHeadPipe": "head",
+    "WordEmbeddingPipe": "head (tied)",
+    "ValueHeadPipe": "value head",
+}
+"""How the report names the entries of the layer list around the layers (the two layout
+functions are no part of their own)."""
+
+
 def _params(entry: Entry) -> int:
     if entry.module is None:
         return 0
@@ -268,7 +281,8 @@ class _UnitBuilder:
     def flush(self, last: bool = False) -> None:
         if self.rest:
             trace = self.tracer.rest(self.rest, last)
-            names = "+".join(e.name for e in self.rest) + ("+loss" if last else "")
+            names = [PART_NAMES.get(e.name, e.name) for e in self.rest] + (["loss"] if last else [])
+            names = " + ".join(n for n in names if n)
             params = sum(_params(e) for e in self.rest)
             self.units.append(plain_unit(names, trace, params))
             _add(self.traffic, trace.traffic)

@@ -9,7 +9,17 @@ GIB = 2**30
 
 
 def gib(nbytes: float) -> str:
+    """GiB, or MiB below a tenth of one."""
+    if abs(nbytes) < GIB / 10:
+        return f"{nbytes / 2**20:.1f} MiB"
     return f"{nbytes / GIB:.2f} GiB"
+
+
+PHASE_ORDER = ("forward", "backward", "reduce", "step")
+
+
+def _phases(term: Term) -> list[str]:
+    return [p for p in PHASE_ORDER if p in term.phases]
 
 
 def _layers(stage: StagePlan) -> str:
@@ -44,7 +54,7 @@ def stage_table(plan: RunPlan) -> list[str]:
 def _term_lines(terms: list[Term]) -> list[str]:
     lines = []
     for t in terms:
-        when = f"  ({', '.join(sorted(t.phases))})" if t.phases else ""
+        when = f"  ({', '.join(_phases(t))})" if t.phases else ""
         lines.append(f"      {t.name:<44} {gib(t.bytes):>11}{when}")
     return lines
 
@@ -63,10 +73,12 @@ def breakdown(plan: RunPlan, stage: StagePlan) -> list[str]:
         if nbytes:
             lines.append(f"    {name:<46} {gib(nbytes):>11}")
     lines.append(
-        f"    activations: {gib(mb.held)} kept per micro-batch x {acts.in_flight} in flight; "
-        f"one micro-batch's most {gib(mb.forward)} in its forward ({mb.forward_in}), "
-        f"{gib(mb.backward)} in its backward ({mb.backward_in})"
+        f"    activations: {gib(mb.held)} kept per micro-batch, {acts.in_flight} in flight"
     )
+    lines.append(
+        f"      one micro-batch's most: {gib(mb.forward)} in its forward ({mb.forward_in}),"
+    )
+    lines.append(f"      {gib(mb.backward)} in its backward ({mb.backward_in})")
     for phase, nbytes in stage.phases.items():
         lines.append(f"    peak of the {phase:<34} {gib(stage.persistent + nbytes):>11}")
     for name, nbytes in stage.allowances.items():
@@ -117,7 +129,7 @@ def render(plan: RunPlan, advice: list[str] = ()) -> str:
 
 
 def _terms(terms) -> dict:
-    return {t.name: {"bytes": t.bytes, "phases": sorted(t.phases)} for t in terms}
+    return {t.name: {"bytes": t.bytes, "phases": _phases(t)} for t in terms}
 
 
 def stage_json(stage: StagePlan) -> dict:

@@ -35,7 +35,9 @@ group under ZeRO 1/2), a flat group padded to `P = ceil(N_g / 2d) · 2d` element
   partition buffer (lp C), fp32 masters (4C, never an alias of the partition: DeepSpeed
   compares a `torch.device` with a string at `stage3.py:1163`), the state, and the reduce
   bucket (R · lp, allocated once and kept); gathered parameters of the layer running and the
-  prefetched ones while it runs; in the step one sub-group flattened and in fp32.
+  prefetched ones while it runs; with ZeRO++ hpZ (`zero_hpz_partition_size` h) a secondary
+  partition of every tensor over h ranks from the forward to the step; in the step one
+  sub-group flattened and in fp32.
 
 The optimizer's state is not a table: the configured optimizer is built on `meta` tensors of
 the shapes the wrapper hands it (the parameters' own, or flat partitions) and stepped once,
@@ -47,12 +49,19 @@ are host memory. Each figure was checked against the bytes real CPU engines hold
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch.utils._pytree import tree_leaves
 
+from megatron.config.groups.optimizer import OPTIMIZER_TYPES
 from megatron.planning.trace import storage_id
-from megatron.training.optim.optimizers import OPTIMIZERS, TorchAdamW, build_optimizer
+from megatron.training.optim.optimizers import (
+    OPTIMIZERS,
+    DeepSpeedCPUAdam,
+    TorchAdamW,
+    build_optimizer,
+)
 
 LP_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ALIGNMENT = 2  # DeepSpeed's nccl_start_alignment_factor
@@ -65,6 +74,7 @@ ZERO_DEFAULTS = {
     "stage3_param_persistence_threshold": 100_000,
     "stage3_max_live_parameters": 1_000_000_000,
     "sub_group_size": 1_000_000_000,
+    "zero_hpz_partition_size": 1,
 }
 FORWARD, BACKWARD, REDUCE, STEP = "forward", "backward", "reduce", "step"
 ACCUMULATED = (FORWARD, BACKWARD, REDUCE, STEP)
@@ -148,7 +158,11 @@ def wrapper_of(ds_config: dict, dtype: str, pipeline: bool) -> str:
 
 def optimizer_state_bytes(optimizer_type: str, params: dict, shapes_by_group) -> int:
     """The state the configured optimizer keeps over fp32 tensors of these shapes, counted
-    after one step on `meta` (the module docstring)."""
+    after one step on `meta` (the module docstring); DeepSpeed's C++ CPU Adam steps host
+    tensors only: its fp32 moments from the optimizer table (`OPTIMIZER_TYPES`)."""
+    if isinstance(OPTIMIZERS[optimizer_type], DeepSpeedCPUAdam):
+        numel = sum(math.prod(s) for shapes in shapes_by_group for s in shapes)
+        return 4 * numel * OPTIMIZER_TYPES[optimizer_type].saved_states(params, 1)
     groups = []
     with torch.device("meta"):
         for shapes in shapes_by_group:
@@ -318,6 +332,10 @@ def _stage3(r: Rank) -> list[Term]:
     prefetch = r.largest_layer + r.setting("stage3_prefetch_bucket_size")
     live = min(r.setting("stage3_max_live_parameters"), prefetch, r.n)  # no more than there is
     terms.append(_transient("gathered parameters (layer + prefetch)", lp * live, BACKWARD))
+    hpz = int(r.setting("zero_hpz_partition_size") or 1)
+    if hpz > 1:  # ZeRO++: a secondary partition over hpz ranks, from the forward to the step
+        secondary = sum(r.dp * -(-n // r.dp) // hpz for g in r.groups for n in g.numels)
+        terms.append(_transient("hpZ secondary partitions", lp * secondary, FORWARD, BACKWARD))
     terms.append(_transient("a layer's gradients before reduction", lp * r.largest_layer, BACKWARD))
     step = max(pieces) * (4 if lp == 4 else lp + 4)
     terms.append(_transient("one sub-group flattened for the step", step, STEP))
