@@ -29,7 +29,10 @@ mask) keeps neither, its memory-efficient kernel (a bias or a window) only the s
 
 `attention_softmax_in_fp32` and `apply_query_key_layer_scaling` (scores divided by the layer
 number before the fp32 softmax, then multiplied back) apply to the explicit-softmax backends;
-SDPA picks its own accumulation precision. Attention dropout draws from the tensor-parallel RNG
+SDPA picks its own accumulation precision. A score bias (ALiBi's, T5's) is added as GPT-NeoX
+adds it: to the scores already divided by the layer number, so the softmax's multiplication
+scales the bias by the layer number too, `softmax(q kᵀ / sqrt(d) + coeff · bias)`; on SDPA
+the bias is multiplied by it for the same function. Attention dropout draws from the tensor-parallel RNG
 (each rank holds different heads, see `megatron.parallel.random`).
 
 Sliding window (`sliding_window_width` W, GPT-NeoX's definition): query `i` sees key `j` iff
@@ -138,8 +141,8 @@ class ReferenceAttention(AttentionBackend):
     def forward(self, q, k, v, bias=None):
         q, k, v = self.scores_layout(q, k, v)
         scores = self.raw_scores(q, k)  # (b, nq, sq, sk); the softmax multiplies by coeff
-        if bias is not None:
-            scores = scores + bias.to(scores.dtype) / self.coeff  # ALiBi, before that scale
+        if bias is not None:  # GPT-NeoX's: on the divided scores, so coeff scales it too
+            scores = scores + bias.to(scores.dtype)
         return self.context(self.softmax(scores), v)
 
 
@@ -183,8 +186,8 @@ class SDPAAttention(AttentionBackend):
 def sdpa_mask(backend: AttentionBackend, q, k, bias) -> torch.Tensor | None:
     """SDPA's additive mask for `(b, n, s, d)` q and k: the (pre-masked) bias, the shared window
     or end-aligned causal mask, or None where `is_causal` says it all (the flash kernel)."""
-    if bias is not None:
-        return bias.to(q.dtype)
+    if bias is not None:  # the layer scaling multiplies it (GPT-NeoX's order: module docstring)
+        return bias.to(q.dtype) * backend.coeff if backend.coeff != 1.0 else bias.to(q.dtype)
     sq, sk = q.shape[-2], k.shape[-2]
     if backend.window is None and sq == sk:
         return None

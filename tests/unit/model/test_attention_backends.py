@@ -73,6 +73,29 @@ def test_backend_matches_textbook_attention(backend, alibi):
         assert_close(g, eg, f"{backend.__name__} d{name}", tol=1e-6)
 
 
+def neox_scaled_attention(q, k, v, bias, coeff):
+    """GPT-NeoX's `ParallelSelfAttention.attention` with query-key layer scaling: the scores
+    divided by `sqrt(d) · coeff`, ALiBi's bias added to them, the softmax of `coeff ×` them."""
+    groups = q.shape[2] // k.shape[2]
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(-1, -2) / (math.sqrt(q.shape[-1]) * coeff) + bias
+    future = torch.ones(S, S, dtype=torch.bool).triu(1)
+    probs = (coeff * scores).masked_fill(future, float("-inf")).softmax(-1)
+    return (probs @ v).permute(2, 0, 1, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_scaling_scales_alibi_as_gpt_neox_does(backend):
+    args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D,
+                     apply_query_key_layer_scaling=True)  # fmt: skip
+    q, k, _ = inputs()
+    _, _, bias = AlibiBias(args).encode(q, k, torch.arange(S).expand(B, S))
+    expected, _ = run(lambda *t: neox_scaled_attention(*t, coeff=3.0), bias)
+    actual, _ = run(backend(args, layer_number=3).eval(), bias)
+    assert_close(actual, expected, f"{backend.__name__} with ALiBi and layer scaling", tol=1e-6)
+
+
 def test_query_key_layer_scaling_is_exact_in_fp32():
     args = neox_args(num_attention_heads=NQ, num_kv_heads=NKV, hidden_size=NQ * D)
     scaled = neox_args(

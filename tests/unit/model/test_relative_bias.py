@@ -1,6 +1,8 @@
 """T5's relative position bias (`pos_emb: rpe`): buckets against `transformers`' T5 function,
 and the bias GPT-NeoX adds (`sqrt(head_dim) * table[bucket, head]` on the scaled scores) in
-every attention backend."""
+every attention backend, with query-key layer scaling in GPT-NeoX's order (its
+`ParallelSelfAttention.attention`: the scores divided by `sqrt(d) · coeff`, the bias added,
+then its softmax multiplies everything by `coeff`, the bias too)."""
 
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ def _args(**kw) -> ModelArgs:
     return ModelArgs(**{**values, **kw})
 
 
-def _expected(q, k, v, table, args, position_ids):
-    """softmax(q.k / sqrt(d) + sqrt(d) table[T5 bucket(k - q), head]) v, causal, by loops."""
+def _expected(q, k, v, table, args, position_ids, coeff):
+    """GPT-NeoX's attention with its rpe bias, causal, by loops:
+    softmax(coeff · (q.k / (sqrt(d) · coeff) + sqrt(d) table[T5 bucket(k - q), head])) v."""
     s, b, n, d = q.shape
     out = torch.zeros_like(q)
     for bi in range(b):
@@ -54,23 +57,23 @@ def _expected(q, k, v, table, args, position_ids):
                 bucket = T5Attention._relative_position_bucket(
                     rel, False, args.rpe_num_buckets, args.rpe_max_distance
                 )
-                scores = (k[: i + 1, bi, h] @ q[i, bi, h]) / math.sqrt(d)
+                scores = (k[: i + 1, bi, h] @ q[i, bi, h]) / (math.sqrt(d) * coeff)
                 scores = scores + math.sqrt(d) * table[bucket, h]
-                out[i, bi, h] = torch.softmax(scores, 0) @ v[: i + 1, bi, h]
+                out[i, bi, h] = torch.softmax(coeff * scores, 0) @ v[: i + 1, bi, h]
     return out
 
 
 @pytest.mark.parametrize("kind", sorted(ATTENTION_BACKENDS))
 @pytest.mark.parametrize("fused", [False, True])
-def test_every_backend_adds_gpt_neoxs_bias(kind, fused):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_every_backend_adds_gpt_neoxs_bias(kind, fused, scaled):
     torch.manual_seed(0)
-    # Query-key layer scaling divides the scores by the layer number and multiplies back:
-    # the bias must come out the same.
     args = _args(
-        layer_attention_types=(kind,), softmax_fusion=fused, apply_query_key_layer_scaling=True
+        layer_attention_types=(kind,), softmax_fusion=fused, apply_query_key_layer_scaling=scaled
     )
     rpe = RelativePositionBias(args)
-    backend = ATTENTION_BACKENDS[kind][fused](args, 3)
+    layer_number = 3
+    backend = ATTENTION_BACKENDS[kind][fused](args, layer_number)
     s, b = 12, 2
     q, k, v = (torch.randn(s, b, 4, 4, dtype=torch.float64) for _ in range(3))
     position_ids = torch.stack([torch.arange(s), torch.arange(s) % 5])  # a packed second row
@@ -78,4 +81,5 @@ def test_every_backend_adds_gpt_neoxs_bias(kind, fused):
     _, _, bias = rpe.encode(q, k, position_ids)
     assert bias.shape == (b, 4, s, s)
     out = backend(q, k, v, bias.double())
-    torch.testing.assert_close(out, _expected(q, k, v, table, args, position_ids))
+    coeff = layer_number if scaled else 1
+    torch.testing.assert_close(out, _expected(q, k, v, table, args, position_ids, coeff))
