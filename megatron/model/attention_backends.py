@@ -32,8 +32,8 @@ number before the fp32 softmax, then multiplied back) apply to the explicit-soft
 SDPA picks its own accumulation precision. A score bias (ALiBi's, T5's) is added as GPT-NeoX
 adds it: to the scores already divided by the layer number, so the softmax's multiplication
 scales the bias by the layer number too, `softmax(q kᵀ / sqrt(d) + coeff · bias)`; on SDPA
-the bias is multiplied by it for the same function. Attention dropout draws from the tensor-parallel RNG
-(each rank holds different heads, see `megatron.parallel.random`).
+the bias is multiplied by it for the same function. Attention dropout draws from the
+tensor-parallel RNG (each rank holds different heads, see `megatron.parallel.random`).
 
 Sliding window (`sliding_window_width` W, GPT-NeoX's definition): query `i` sees key `j` iff
 `0 <= i - j <= W` (itself and the W keys before it; Hugging Face's `sliding_window` = W + 1).
