@@ -157,6 +157,11 @@ def memory_plan(args: argparse.Namespace, cfg: Config, *, on_gpu_only: bool):
     a CPU. A launch goes on whatever the plan says: a failure to plan is a warning there."""
     if not is_training_script(args.script) or cfg.model.padded_vocab_size is None:
         return None
+    if on_gpu_only and not (cfg.planning.plan_gpu or cfg.planning.gpu_memory_gib):
+        import torch  # (the planning imports take seconds: not for a CPU launch)
+
+        if not torch.cuda.is_available():
+            return None
     from megatron.planning.files import plan_files
     from megatron.planning.machine import machine_of
 
