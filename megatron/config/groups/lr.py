@@ -48,7 +48,9 @@ class LRConfig:
     final decay."""
 
     wsd_decay_style: Literal["linear", "cosine", "exponential", "inverse_sqrt"] = "linear"
-    """For `wsd`: shape of the final decay."""
+    """For `wsd`: shape of the final decay from the peak to `min_lr` (Megatron-LM's shapes;
+    `exponential` is its `2 · 0.5^q - 1` over the decay's progress q, `inverse_sqrt` its
+    `minus_sqrt`, `1 - sqrt(q)`)."""
 
     lr_cycles: int | list[int] | None = None
     """Levanter's `cycles`: the number of LR cycles (of equal length) over the decay

@@ -55,7 +55,9 @@ def test_exponential_and_inverse_sqrt_are_floored_at_min_lr():
         ("cosine", 90, 0.55),
         ("cosine", 85, 0.1 + 0.45 * (1 + math.cos(math.pi / 4))),
         ("inverse_sqrt", 85, 0.55),  # 1 - sqrt(1/4) = 1/2
-        ("exponential", 100, math.exp(-0.693)),
+        # Megatron-LM's exponential WSD decay: min_lr + (peak - min_lr)(2 · 0.5^q - 1)
+        ("exponential", 90, 0.1 + 0.9 * (2 * 0.5**0.5 - 1)),
+        ("exponential", 100, 0.1),  # min_lr at the end of the decay
     ],
 )
 def test_warmup_stable_decay(tail, it, expected):

@@ -129,8 +129,11 @@ class CosineTail(Tail):
 
 
 class ExponentialTail(Tail):
+    """Megatron-LM's exponential WSD decay: the coefficient `2 · 0.5^q - 1` falls from 1 to 0
+    (halving's curve), so the LR reaches `min_lr` at the end of the decay."""
+
     def lr(self, q, peak, min_lr):
-        return peak * math.exp(-LN2_NEOX * q)
+        return min_lr + (peak - min_lr) * (2.0 * 0.5**q - 1.0)
 
 
 class MinusSqrtTail(Tail):
