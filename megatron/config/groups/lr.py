@@ -234,6 +234,13 @@ def lr_cycle_phases(
         key = "warmup" if index == 0 else "lr_rewarmup"
         warm = first_warmup if index == 0 else frac_or_steps(key, rewarmup, length)
         fall = length - warm if decay is None else frac_or_steps("lr_cycle_decay", decay, length)
+        if decay is not None and fall < 1:  # Levanter holds the peak, or refuses (cosine)
+            raise ConfigError(
+                f"lr_cycle_decay {decay!r} gives LR cycle {index + 1} (iterations {start} to "
+                f"{end}) no iteration to decay in: it would drop from the peak to min_lr at "
+                "once; give the decay a fraction of the cycle or iterations > 0, or use "
+                "lr_decay_style: constant to hold the peak"
+            )
         if warm > length or warm + fall > length:
             parts = f"{key} ({warm})" + ("" if decay is None else f" plus lr_cycle_decay ({fall})")
             raise ConfigError(

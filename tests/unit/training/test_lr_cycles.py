@@ -221,6 +221,9 @@ REFUSED = [
     (dict(lr_cycles=2, lr_decay_style="wsd", lr_cycle_decay=0.5), "lr_cycle_decay.*wsd"),
     (dict(lr_cycles=4, warmup=0.2, lr_cycle_decay=0.9), "cycle 1.*warmup \\(5\\).*lr_cycle_decay"),
     (dict(lr_cycles=4, warmup=30), "cycle 1.*warmup \\(30\\)"),
+    # no decay: the schedule would drop from the peak to min_lr (Levanter refuses it for cosine)
+    (dict(lr_cycles=2, lr_cycle_decay=0, lr_decay_style="cosine"), "lr_cycle_decay 0.*cycle 1"),
+    (dict(lr_cycles=2, lr_cycle_decay=0.01), "lr_cycle_decay 0.01.*no iteration to decay"),
     (dict(lr_decay_style="inv", min_lr=0.0), "inv.*min_lr.*> 0"),
 ]
 
