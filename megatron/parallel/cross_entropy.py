@@ -198,8 +198,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_lse, *_consumed_logits):
-        if grad_loss is None and grad_lse is None:  # only the consumed logits were used
+    def backward(ctx, grad_loss, grad_lse, *consumed_logits):
+        if any(g is not None for g in consumed_logits):
+            raise RuntimeError(
+                "vocab_parallel_cross_entropy consumed the logits (consume_logits): their memory "
+                "held the softmax and then their gradient, and an op after the loss read them "
+                "and wants a gradient through them, which would be lost; read the logits before "
+                "the loss, or hand the loss a clone"
+            )
+        if grad_loss is None and grad_lse is None:  # neither output was used
             return None, None, None, None, None, None, None
         if ctx.backward_done:
             raise RuntimeError(
@@ -266,7 +273,10 @@ def vocab_parallel_cross_entropy(
         consume_logits: the logits are not needed after this call (nothing else reads or
             saved them): their memory holds the softmax and then the gradient, instead of a
             new logits-sized buffer (as GPT-NeoX's and Megatron's cross entropy overwrite
-            theirs). Autograd sees the overwrite, so a later reader of them fails loudly.
+            theirs). Autograd sees the overwrite: an op that saved them before fails in
+            its backward, and so does the backward through an op that reads them after
+            (what it read was the softmax, and its gradient would be lost); a read after the
+            call without a gradient (a metric) sees the softmax, not the logits.
         return_logsumexp: also return the per-token logsumexp of the (true vocabulary's)
             logits, which the loss computes anyway: a function of it (the z-loss, lse²) costs
             no second pass over the logits, and its gradient (lse's gradient times the

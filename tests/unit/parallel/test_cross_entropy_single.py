@@ -202,9 +202,9 @@ def test_consumed_logits_give_torch_cross_entropy_and_its_gradient(dtype, chunke
     torch.testing.assert_close(weight.grad.float(), ref_weight.grad, **tol)
 
 
-def test_a_later_reader_of_consumed_logits_fails_loudly():
-    """Another op that saved the logits for its backward sees them overwritten: autograd
-    refuses, rather than computing a wrong gradient."""
+def test_an_earlier_reader_of_consumed_logits_fails_loudly():
+    """Another op that saved the logits for its backward before the loss sees them
+    overwritten: autograd refuses, rather than computing a wrong gradient."""
     hidden, weight, _ = head_and_reference(torch.float32)
     logits = hidden @ weight.t()
     other = (logits * logits).sum()  # saves the logits
@@ -246,3 +246,20 @@ def test_bf16_forward_and_backward_read_nothing_back_from_the_device(fused, monk
         loss = vocab_parallel_cross_entropy(logits, target, label_smoothing=0.1, vocab_size=17)
         loss.sum().backward()
     assert reads.count == 0, reads.where
+
+
+def test_a_later_reader_of_consumed_logits_fails_loudly():
+    """An op after the loss that reads the consumed logits reads the softmax, and the gradient
+    through it would be lost: the backward refuses, naming the cause."""
+    hidden, weight, _ = head_and_reference(torch.float32)
+    logits = hidden @ weight.t()
+    loss = vocab_parallel_cross_entropy(logits, torch.zeros(4, 6, dtype=torch.long), None, 0.0,
+                                        consume_logits=True)  # fmt: skip
+    later = logits.square().sum()  # after the loss: a z-loss written after it, say
+    with pytest.raises(RuntimeError, match="consumed the logits"):
+        (loss.sum() + later).backward()
+    logits = hidden @ weight.t()
+    loss = vocab_parallel_cross_entropy(logits, torch.zeros(4, 6, dtype=torch.long), None, 0.0,
+                                        consume_logits=True)  # fmt: skip
+    with pytest.raises(RuntimeError, match="consumed the logits"):
+        logits.sum().backward()  # the later reader alone
