@@ -44,10 +44,12 @@ class MuPConfig:
     """Multiplies every weight matrix and embedding table at initialisation."""
 
     mup_attn_temp: float = 1.0
-    """Attention temperature: attention scores are divided by `mup_attn_temp × head_dim`."""
+    """Attention temperature: attention scores are divided by `mup_attn_temp × head_dim`
+    (GPT-NeoX declares this key and never reads it: its scores are divided by head_dim)."""
 
     mup_output_temp: float = 1.0
-    """Output temperature: the logits are divided by it (and by the width multiplier)."""
+    """Output temperature: the logits are divided by it (and by the width multiplier);
+    GPT-NeoX declares this key and never reads it (its logits are divided by the multiplier)."""
 
     mup_embedding_mult: float = 1.0
     """Multiplies the embedding layer's output (after embedding dropout)."""
