@@ -12,7 +12,9 @@ a GPT-NeoX save leaves (DeepSpeed's entries with `module` None for the pipeline 
 
 - `finetune: true`: the first training loss equals transformers' loss on the same batch
   (1e-6).
-- A full resume takes the iteration, the LR schedule and the Adam state, which GPT-NeoX
+- A full resume takes the iteration, the RNG streams GPT-NeoX keeps in the engine-state file
+  (the next draw of each is the one GPT-NeoX's load would give), the LR schedule and the Adam
+  state, which GPT-NeoX
   numbers over its two parameter groups (`get_params_for_weight_decay_optimization`: every
   module's non-bias weights decayed; biases and the norms' parameters not; module order).
 - GPT-NeoX with `weight_decay: 0` keeps one group; that state does not fit our two, and the
@@ -33,6 +35,7 @@ from tests.distributed import run_distributed
 transformers = pytest.importorskip("transformers")
 
 LAYERS, HIDDEN, HEADS, VOCAB, SEQ, MICRO = 2, 32, 4, 128, 16, 2
+RNG_SEED = 4321
 ITERATION, TRAIN_ITERS, WARMUP = 5, 20, 2
 SCHEDULE = dict(start_lr=1.0e-3, warmup_iter=WARMUP, num_iters=ITERATION, decay_style="cosine",
                 end_iter=TRAIN_ITERS, min_lr=1.0e-4)  # fmt: skip
@@ -123,7 +126,7 @@ def _config(folder, finetune: bool):
 
 
 def _engine(cfg):
-    from megatron.parallel import ParallelTopology
+    from megatron.parallel import ParallelTopology, get_rng_tracker
     from megatron.parallel.random import seed_everything
     from megatron.training.checkpoint.checkpoint_io import CheckpointIO
     from megatron.training.objectives import build_objective
@@ -133,7 +136,8 @@ def _engine(cfg):
     goal = build_objective(cfg, topo.tp_group)
     seed_everything(cfg.training.seed)
     parts = build_engine(cfg, topo, TRAIN_ITERS, goal)
-    return parts, CheckpointIO(parts.engine, None, cfg.to_dict()), topo, goal
+    io = CheckpointIO(parts.engine, None, cfg.to_dict(), tracker=get_rng_tracker())  # as pretrain
+    return parts, io, topo, goal
 
 
 def _first_loss(parts, topo, goal, tokens) -> float:
@@ -161,6 +165,8 @@ def _worker(rank, world_size, folder, tokens, broken):
     _write_optimizer(folder, groups, shapes)
     parts, io, topo, goal = _engine(_config(folder.parent, finetune=False))
     state = io.load(str(folder.parent))
+    io.restore_rng(state)
+    out["draws"] = draws()  # the streams GPT-NeoX saved, restored as its load restores them
     parts.lr_scheduler.load_state_dict(state["lr_scheduler"])
     names = {id(p): n for n, p in parts.engine.module.named_parameters()}
     optimizer = parts.engine.optimizer
@@ -198,11 +204,47 @@ def write_neox_folder(root, hf):
     torch.save(
         dict(module=None, optimizer=None, lr_scheduler=SCHEDULE, iteration=ITERATION,
              args=args, dp_world_size=1, mp_world_size=1, global_steps=ITERATION,
-             global_samples=ITERATION * MICRO, skipped_steps=0, ds_version="0.19.0"),
+             global_samples=ITERATION * MICRO, skipped_steps=0, ds_version="0.19.0",
+             **neox_rng_entries()),
         folder / "mp_rank_00_model_states.pt",
     )  # fmt: skip
     (root / "latest").write_text(folder.name)
     return folder
+
+
+def neox_rng_entries() -> dict:
+    """The RNG entries GPT-NeoX's `save_ds_checkpoint` adds to the engine-state file (its
+    `random.getstate()`, `np.random.get_state()`, `torch.get_rng_state()` and its tracker's
+    states; no CUDA one on a CPU), of streams seeded apart from anything the run seeds."""
+    import random
+
+    import numpy as np
+
+    random.seed(RNG_SEED)
+    np.random.seed(RNG_SEED)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(RNG_SEED + 1)
+        tracker = torch.get_rng_state()
+        torch.manual_seed(RNG_SEED)
+        entries = dict(random_rng_state=random.getstate(), np_rng_state=np.random.get_state(),
+                       torch_rng_state=torch.get_rng_state(),
+                       rng_tracker_states={"model-parallel-rng": tracker})  # fmt: skip
+    random.seed()
+    np.random.seed()
+    return entries
+
+
+def draws() -> list[float]:
+    """One draw of each stream: Python's, NumPy's, torch's and the tensor-parallel tracker's."""
+    import random
+
+    import numpy as np
+
+    from megatron.parallel import get_rng_tracker
+
+    with get_rng_tracker().fork("model-parallel-rng"):
+        tracked = float(torch.rand(()))
+    return [random.random(), float(np.random.rand()), float(torch.rand(())), tracked]
 
 
 def _write_optimizer(folder, groups: list[list[str]], shapes: dict) -> None:
@@ -227,6 +269,29 @@ def _write_optimizer(folder, groups: list[list[str]], shapes: dict) -> None:
 
 
 @pytest.mark.slow
+def expected_draws() -> list[float]:
+    """GPT-NeoX's `load_checkpoint`: `random.setstate`, `np.random.set_state`,
+    `torch.set_rng_state` and its tracker's `set_states` of the saved entries, then a draw."""
+    import random
+
+    import numpy as np
+
+    from megatron.parallel import get_rng_tracker
+
+    saved = neox_rng_entries()
+    random.setstate(saved["random_rng_state"])
+    np.random.set_state(saved["np_rng_state"])
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(saved["torch_rng_state"])
+        tracker = get_rng_tracker()
+        before = tracker.get_states()
+        tracker.set_states(saved["rng_tracker_states"])
+        try:
+            return draws()
+        finally:
+            tracker.set_states(before)
+
+
 def test_training_continues_from_a_neox_folder_made_from_transformers(tmp_path):
     hf = hf_model()
     tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=torch.Generator().manual_seed(7))
@@ -251,6 +316,7 @@ def test_training_continues_from_a_neox_folder_made_from_transformers(tmp_path):
     for index, name in enumerate(numbered):
         assert resumed["exp_avg"][name] == [index + 1.0], name
     assert out["resumed_loss"] == pytest.approx(expected, abs=1e-6)
+    assert out["draws"] == expected_draws()
     assert "GPT-NeoX saved one parameter group" in out["refused"]
     assert "no_load_optim: true" in out["refused"]
     assert "layer_03-model_00-model_states.pt" in out["missing"]

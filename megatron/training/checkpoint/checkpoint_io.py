@@ -5,7 +5,9 @@ Layout of `{save}/global_step{N}/`:
     DeepSpeed's files         model (and, unless ZeRO, optimizer) states; ZeRO optimizer shards
     trainer_state.pt          iteration, consumed samples, LR scheduler, skipped-step counts
     rng_state_rank{R}.pt      Python, NumPy, torch (CPU and its own CUDA device) and
-                              tensor-parallel RNG of every global rank R
+                              tensor-parallel RNG of every global rank R (a folder GPT-NeoX
+                              saved has none: its engine-state files hold its streams, which
+                              a resume restores)
     optimizer_rank_state_{R}.pt   an optimizer's per-rank state (Distro's local momenta),
                               which DeepSpeed's rank-0 optimizer file cannot hold
     expert_states_pp{P}_ep{E}.pt  the experts (and their optimizer state) of expert-parallel
@@ -60,6 +62,7 @@ from megatron.training.checkpoint.neox_files import (
     client_state,
     is_plain,
     load_module,
+    rng_from_client_state,
     sequential_module_names,
 )
 from megatron.training.optim.distro import load_rank_state, save_rank_state
@@ -274,7 +277,7 @@ class CheckpointIO:
             load_optim = False
         if self.experts is not None:
             self.experts.check(folder)
-        path = self._engine_load(load_dir, tag, load_optim and not finetune, finetune)
+        path, client = self._engine_load(load_dir, tag, load_optim and not finetune, finetune)
         if path is None:
             raise FileNotFoundError(
                 f"DeepSpeed could not load checkpoint '{tag}' from {load_dir}; the folder is "
@@ -286,13 +289,20 @@ class CheckpointIO:
             return None
         if load_optim:
             load_rank_state(self.engine.optimizer, folder, _rank())
-        rng_file = folder / f"rng_state_rank{_rank()}.pt"
-        state["rng_state"] = None
-        if load_rng and rng_file.is_file():
-            state["rng_state"] = load_file(rng_file)
-        elif load_rng:
-            log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
+        state["rng_state"] = self._rng_state(folder, client) if load_rng else None
         return state
+
+    @staticmethod
+    def _rng_state(folder: Path, client: dict | None) -> dict[str, Any] | None:
+        """This rank's RNG state: our `rng_state_rank{R}.pt`, else the streams GPT-NeoX keeps
+        in the engine-state file (`neox_files.rng_from_client_state`), else None (warned)."""
+        rng_file = folder / f"rng_state_rank{_rank()}.pt"
+        if rng_file.is_file():
+            return load_file(rng_file)
+        from_neox = rng_from_client_state(client)
+        if from_neox is None:
+            log.warning("%s has no RNG state for rank %d; RNG not restored", folder, _rank())
+        return from_neox
 
     def _engine_load(self, load_dir, tag: str, load_optim: bool, module_only: bool):
         """DeepSpeed's load, every file weights-only (see `safe_load.py`)."""
@@ -302,7 +312,7 @@ class CheckpointIO:
         try:
             # quiet: its bf16 optimizer prints `_load_legacy_checkpoint ...` on every resume
             with weights_only_loading(), _universal_loading(self.engine, on), quiet_deepspeed():
-                path, _ = self.engine.load_checkpoint(
+                path, client = self.engine.load_checkpoint(
                     load_dir,
                     tag=tag,
                     load_optimizer_states=load_optim,
@@ -316,7 +326,7 @@ class CheckpointIO:
             _fix_zero3_universal_load(self.engine, Path(load_dir) / tag)
         if load_optim and not module_only:
             keep_configured_scaler(self.engine)
-        return path
+        return path, client
 
     @staticmethod
     def _trainer_state(folder: Path, required: bool) -> dict[str, Any]:

@@ -7,7 +7,11 @@ own entries (`megatron/checkpoint/neox_layout.py` says why the names differ).
 - Every engine-state file gets GPT-NeoX's `iteration` and `args` and, when RNG states are
   saved, the saving rank's RNG states under GPT-NeoX's names (`client_state`); DeepSpeed
   writes them into the files of data-parallel rank 0, as GPT-NeoX's own save does. Our own
-  resume reads `trainer_state.pt` and `rng_state_rank{R}.pt` instead, which hold more.
+  resume reads `trainer_state.pt` and `rng_state_rank{R}.pt` instead, which hold more; a
+  folder GPT-NeoX saved has neither, and its RNG states are read back from these entries
+  (`rng_from_client_state`), as GPT-NeoX's `load_checkpoint` restores them (every
+  data-parallel rank takes its model-parallel rank's file, whose streams GPT-NeoX keeps equal
+  over the data-parallel ranks).
   Every entry loads weights-only (GPT-NeoX's converter reads a plain engine's file with
   torch's default `torch.load`), so NumPy's state is kept as plain Python values.
 """
@@ -72,6 +76,20 @@ def client_state(config_dict: dict | None, iteration: int, rng: dict | None) -> 
         if rng["cuda"] is not None:  # its own device's state only, as GPT-NeoX keeps
             out["cuda_rng_state"] = rng["cuda"]
     return out
+
+
+def rng_from_client_state(client: dict | None) -> dict | None:
+    """GPT-NeoX's RNG entries of an engine-state file as `rng_state` holds them (None where it
+    saved none: `no_save_rng`, or a file of ours without RNG)."""
+    if not client or "torch_rng_state" not in client:
+        return None
+    return {
+        "python": client["random_rng_state"],
+        "numpy": tuple(client["np_rng_state"]),
+        "torch": client["torch_rng_state"],
+        "cuda": client.get("cuda_rng_state"),
+        "tracker": client.get("rng_tracker_states"),
+    }
 
 
 def _plain_numpy_state(state: tuple) -> tuple:
