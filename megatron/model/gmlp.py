@@ -13,7 +13,9 @@ A gMLP layer replaces attention and MLP with one block, with GPT-NeoX's sizes (`
 
 `W` starts at zero and `b` at one, so a new block is a plain MLP (the paper's initialisation).
 GPT-NeoX's input and output projections hold biases that its forward discards
-(`skip_bias_add` whose bias is never added), so they are built without. Two deliberate
+(`skip_bias_add` whose bias is never added), so they are built without; a saved layer holds
+them as zeros, with GPT-NeoX's names for the spatial projection (`sgu.proj.*`), so GPT-NeoX
+loads our files and we load its (`megatron/model/neox_names.py`). Two deliberate
 differences from GPT-NeoX's `GMLPBlock`: the block keeps the paper's shortcut `x + ...`
 (GPT-NeoX returns the projection alone, leaving a gMLP stack without a residual path), and
 tensor parallelism is refused before launch (`megatron/config/checks/gmlp_rpe.py`): GPT-NeoX
@@ -32,6 +34,7 @@ from megatron.config.checks.gmlp_rpe import GMLP_TYPES
 from megatron.model.activations import build_activation
 from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init, output_init
+from megatron.model.neox_names import accept_neox_names
 from megatron.model.norms import build_norm
 from megatron.parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -118,6 +121,17 @@ class GMLPTransformerLayer(nn.Module):
             input_is_parallel=True,
             init_method=output_init(args),
         )
+        accept_neox_names(self, args)
+        self._register_state_dict_hook(GMLPTransformerLayer.save_unused_biases)
+
+    def save_unused_biases(self, state_dict, prefix, _metadata) -> None:
+        """GPT-NeoX's discarded projection biases, as zeros (module docstring)."""
+        for name, linear in (
+            ("input_linear", self.input_linear),
+            ("output_linear", self.output_linear),
+        ):
+            rows = linear.weight.shape[0]
+            state_dict[f"{prefix}{name}.bias"] = linear.weight.new_zeros(rows)
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
         x, position_ids = inputs

@@ -19,6 +19,13 @@ layouts, per tensor-parallel rank (its `ParallelMLP`, `Gated_Activation`, `RMSNo
 (Without grouped-query attention both store `query_key_value` per head as `[q | k | v]`.) The
 grouped-query rows tell no name apart, so they are reordered when the layer is in GPT-NeoX's
 current names (`linear1`, `linear2` or `scale` present), which our checkpoints never use.
+
+Three tensors of GPT-NeoX's are named alike by both of its trainers and are saved under its
+names by ours too (`SAVED_AS_NEOX`, a state-dict hook), so GPT-NeoX reads our files and we
+read its: T5's relative bias table `attention.rpe.weight` (ours `attention.positions.weight`)
+and the gMLP spatial projection `sgu.proj.{weight,bias}` (ours `sgu.spatial_{weight,bias}`).
+GPT-NeoX's gMLP projections also hold biases its forward discards (`input_linear.bias`,
+`output_linear.bias`): dropped on reading, saved as zeros (`megatron/model/gmlp.py`).
 Buffers GPT-NeoX saves and we compute (`inv_freq` of its sinusoidal and, with
 `rotary_save_freqs_buffer`, rotary encodings; ALiBi's `slopes`) are dropped.
 
@@ -41,6 +48,21 @@ _NEOX_ONLY = re.compile(
     r"(^|\.)(mlp\.linear[12]\.|[a-z_]*norm\.scale$)|" + r"(inv_freq|alibi_embed\.slopes)$"
 )
 _RECOMPUTED = re.compile(r"(inv_freq|alibi_embed\.slopes)$")
+SAVED_AS_NEOX = {
+    "attention.positions.weight": "attention.rpe.weight",
+    "sgu.spatial_weight": "sgu.proj.weight",
+    "sgu.spatial_bias": "sgu.proj.bias",
+}
+"""Our name -> GPT-NeoX's, for the tensors saved under GPT-NeoX's names (module docstring)."""
+UNUSED_NEOX_BIASES = re.compile(r"(^|\.)(input_linear|output_linear)\.bias$")
+"""GPT-NeoX's gMLP biases that its forward never adds."""
+
+
+def _rename(name: str, table: dict) -> str:
+    for old, new in table.items():
+        if name == old or name.endswith("." + old):
+            return name[: len(name) - len(old)] + new
+    return name
 
 
 def in_neox_names(state) -> bool:
@@ -66,8 +88,11 @@ def _grouped_qkv(rows: torch.Tensor, args: ModelArgs) -> torch.Tensor:
 
 
 def from_neox(state: dict, args: ModelArgs) -> dict:
-    """One tensor-parallel rank's tensors under our names and layouts (module docstring); a
-    state not in GPT-NeoX's current names comes back unchanged."""
+    """One tensor-parallel rank's tensors under our names and layouts (module docstring): the
+    names both GPT-NeoX trainers share with ours always, the rest where the state is in
+    GPT-NeoX's current names."""
+    ours = {v: k for k, v in SAVED_AS_NEOX.items()}
+    state = {_rename(k, ours): v for k, v in state.items() if not UNUSED_NEOX_BIASES.search(k)}
     if not in_neox_names(state):
         return state
     gated = build_activation(args.activation).gated
@@ -88,14 +113,21 @@ def from_neox(state: dict, args: ModelArgs) -> dict:
 
 
 def accept_neox_names(module: torch.nn.Module, args: ModelArgs) -> None:
-    """Let `module` load a state in GPT-NeoX's current names (its keys under the prefix)."""
+    """Let `module` load a state in GPT-NeoX's names (its keys under the prefix), and save the
+    tensors of `SAVED_AS_NEOX` under them."""
 
-    def hook(_module, state_dict, prefix, *_):
+    def load(_module, state_dict, prefix, *_):
         own = {k[len(prefix) :]: state_dict[k] for k in list(state_dict) if k.startswith(prefix)}
-        if not in_neox_names(own):
-            return
+        converted = from_neox(own, args)
         for key in own:
             del state_dict[prefix + key]
-        state_dict.update({prefix + k: v for k, v in from_neox(own, args).items()})
+        state_dict.update({prefix + k: v for k, v in converted.items()})
 
-    module.register_load_state_dict_pre_hook(hook)
+    def save(_module, state_dict, prefix, _metadata):
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            renamed = prefix + _rename(key[len(prefix) :], SAVED_AS_NEOX)
+            if renamed != key:
+                state_dict[renamed] = state_dict.pop(key)
+
+    module.register_load_state_dict_pre_hook(load)
+    module._register_state_dict_hook(save)
