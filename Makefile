@@ -31,8 +31,11 @@ TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tenso
 
 .PHONY: train test data install install-test wheelhouse install-offline
 
+# The quick start keeps its checkpoints apart (checkpoints/small): local.yml's `checkpoints` is
+# then free for the next model a user trains with it (configs/160M.yml local.yml, say).
 train: install data
-	$(PY) deepy.py train.py configs/small.yml local.yml $(ARGS)
+	$(PY) deepy.py train.py configs/small.yml local.yml \
+		--set save=checkpoints/small --set load=checkpoints/small $(ARGS)
 
 test: install-test
 	$(PY) -m pytest -q $(ARGS)

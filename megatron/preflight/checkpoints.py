@@ -23,6 +23,8 @@ loads only its own slice of the experts, `megatron/checkpoint/experts.py`) for t
 ZeRO stage: ZeRO 0, or 1/2 in DeepSpeed's
 universal layout, restored at any data-parallel size (`megatron/checkpoint_tools/reshard.py`;
 `megatron/checkpoint_tools/universal.py::universal_target_problem` says which runs can).
+A training run's folder of another model, on other data, of another LR schedule or already
+finished is said first, in the user's keys (`megatron/preflight/resumed_run.py`).
 At the run's layout the weight files themselves are compared with the model
 (`megatron/preflight/checkpoint_files.py`), and a folder GPT-NeoX saved (no
 `trainer_state.pt`) resumes from its own entries (`megatron/checkpoint/neox_resume.py`).
@@ -61,6 +63,7 @@ from megatron.model.args import CONFIG_ONLY
 from megatron.model.hf_config import NEUTRAL
 from megatron.preflight.checkpoint_files import describe, file_problems, is_old_numbering
 from megatron.preflight.findings import ERROR, OK, WARNING, Finding, register
+from megatron.preflight.resumed_run import another_model, finished_finding, run_findings
 
 NAME = "load"
 # The config key a `ModelArgs` field is set by, where the names differ.
@@ -235,6 +238,8 @@ def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
         return [Finding(NAME, WARNING, note)]
     shapes = shape_differences(saved, wanted, vocab=training)
     keys = key_differences(saved, wanted, vocab=training)
+    if shapes and training and not cfg.checkpointing.finetune:  # another run: say so first
+        return [another_model(layout.folder, keys or shapes, cfg)]
     if shapes:
         named = "; ".join(keys) or "no model key (see the tensors)"
         return [
@@ -251,6 +256,9 @@ def _model_findings(layout, cfg: Config, training: bool) -> list[Finding]:
     if keys:
         note = f"{layout.folder} holds weights of this shape, saved with {'; '.join(keys)}"
         found.append(Finding(NAME, WARNING, note))
+    if training and not cfg.checkpointing.finetune:
+        found += run_findings(layout.folder, saved_cfg, cfg)
+        found += [f for f in (finished_finding(layout.folder, cfg),) if f]
     return found
 
 
@@ -322,10 +330,12 @@ def check_load(cfg: Config, script: str) -> list[Finding]:
         layout = read_layout(folder)
     except CheckpointError as err:
         return findings + [Finding(NAME, ERROR, str(err))]
+    model = _model_findings(layout, cfg, training)
+    if any(f.level == ERROR for f in model) and training and not cfg.checkpointing.finetune:
+        return findings + model  # another run's folder: its layout is beside the point
     bad_layout = _layout_finding(layout, cfg) if training else None
     bad_key = _universal_key_finding(folder, cfg) if training else None
     bad = [f for f in (bad_layout, bad_key) if f]
-    model = _model_findings(layout, cfg, training)
     if training and bad_layout is None and not any(f.level == ERROR for f in model):
         bad += _file_findings(layout, cfg)  # config.json agrees, or there is none
     return findings + bad + model

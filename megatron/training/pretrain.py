@@ -102,7 +102,7 @@ def _profiler(cfg, rank) -> list:
     return [ProfilerCallback(settings, rank)] if settings is not None else []
 
 
-def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice=None) -> None:
+def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice, folder) -> None:
     sizes = dict(zip(("train", "valid", "test"), datasets))
     loggers.log_text(
         startup_report(
@@ -112,6 +112,7 @@ def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice=N
             work=work,
             train_iters=train_iters,
             resumed_from=state.iteration,
+            resumed_folder=folder,
             dataset_sizes={k: len(v) if v is not None else None for k, v in sizes.items()},
             layout_notice=notice,
             backend=dist.get_backend(),
@@ -181,7 +182,8 @@ def pretrain(cfg) -> TrainResult:
     loggers = build_loggers(cfg, rank, train_iters)
     started_at = state.iteration
     try:
-        _report(cfg, topology, loggers, work, train_iters, state, datasets, notice)
+        folder = loaded.get("folder") if loaded else None
+        _report(cfg, topology, loggers, work, train_iters, state, datasets, notice, folder)
         steps = engine_steps(engine, topology, objective, reference, curriculum)
         stop = StopRequest()  # its flag rides on the non-finite check's all-reduce
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss, stop).install()

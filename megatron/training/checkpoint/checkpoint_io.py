@@ -253,7 +253,8 @@ class CheckpointIO:
         load_rng: bool = True,
     ) -> dict[str, Any] | None:
         """Restore the newest checkpoint under `load_dir`; returns its trainer state (None when
-        there is none; only the weights, and None, with `finetune`).
+        there is none; only the weights, and None, with `finetune`), with the folder it read
+        (`folder`).
 
         This rank's RNG state comes back as `state["rng_state"]` (None when not loaded), for
         `restore_rng` once the data iterators exist: creating a DataLoader iterator draws from
@@ -290,6 +291,7 @@ class CheckpointIO:
         if load_optim:
             load_rank_state(self.engine.optimizer, folder, _rank())
         state["rng_state"] = self._rng_state(folder, client) if load_rng else None
+        state["folder"] = str(folder)
         return state
 
     @staticmethod

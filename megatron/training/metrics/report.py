@@ -53,6 +53,7 @@ def startup_report(
     train_iters: int,
     dataset_sizes: dict[str, int | None],
     resumed_from: int = 0,
+    resumed_folder: str | None = None,
     layout_notice: str | None = None,
     backend: str | None = None,
 ) -> str:
@@ -89,6 +90,11 @@ def startup_report(
             f"  data: {data}"
             + (" (synthetic tokens: data_impl dummy)" if cfg.data.data_impl == "dummy" else ""),
         ]
+        + (
+            [f"  resuming from {resumed_folder} at iteration {resumed_from}"]
+            if resumed_folder
+            else []
+        )
         + ([f"  resume: {layout_notice}"] if layout_notice else [])
     )
 
@@ -120,6 +126,11 @@ def final_summary(
 
     if result.stopped:
         status = f"stopped early at iteration {result.iteration} of {train_iters}"
+    elif started_at >= train_iters:  # resumed a finished run: nothing trained
+        status = (
+            f"already complete at iteration {started_at} of {train_iters}: nothing to train "
+            "(raise train_iters to continue it, or give a new run its own save/load folder)"
+        )
     else:
         status = f"finished at iteration {result.iteration} of {train_iters}"
     losses = [f"train {result.losses[-1]:.4f} (last step)"] if result.losses else []
@@ -130,12 +141,15 @@ def final_summary(
     speed = f" ({tokens / seconds:,.0f} tokens/s)" if seconds > 0 else ""
     save = cfg.checkpointing.save
     tag = read_latest(save) if save else None
+    trained = [
+        f"  final loss: {', '.join(losses) or '-'}",
+        f"  tokens: {tokens:,} in {format_duration(seconds)}{speed}",
+    ]
     return "\n".join(
         [
             "run summary",
             f"  {status}",
-            f"  final loss: {', '.join(losses) or '-'}",
-            f"  tokens: {tokens:,} in {format_duration(seconds)}{speed}",
+            *(trained if tokens or losses else []),
             f"  checkpoint: {f'{save}/{tag}' if tag else 'none (set save to keep one)'}",
             f"  logs: {_log_places(cfg.logging)}",
         ]

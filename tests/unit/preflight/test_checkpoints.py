@@ -18,7 +18,9 @@ from megatron.preflight import ERROR, OK, WARNING, run_preflight
 from megatron.preflight import checkpoints as check
 from tests.tiny import BARE
 
-TINY = dict(BARE, tokenizer_type="CharLevelTokenizer", pos_emb="rotary", pipe_parallel_size=1)
+# train_iters beyond the written checkpoints' iteration 2: a run that has steps left
+TINY = dict(BARE, tokenizer_type="CharLevelTokenizer", pos_emb="rotary", pipe_parallel_size=1,
+            train_iters=8)  # fmt: skip
 
 
 def config(world_size=1, **keys):
@@ -69,7 +71,10 @@ def test_another_shape_names_every_key_and_torch_agrees(tmp_path):
     folder = write(tmp_path, saved_cfg)
     (found,) = load_findings(tmp_path, hidden_size=128, num_layers=3)
     assert found.level == ERROR
-    assert f"{folder} was saved with" in found.message
+    # a training run is told first that the folder is another model's run (no reshard advice)
+    assert found.message.startswith(f"{tmp_path} holds a run of another model ({folder}:")
+    assert "a folder of its own (--set save=checkpoints/" in found.message
+    assert "reshard" not in found.message
     assert "num_layers 2, the config says 3" in found.message
     assert "hidden_size 64, the config says 128" in found.message
     with pytest.raises(RuntimeError, match="size mismatch|Missing key|Unexpected key"):
@@ -196,3 +201,42 @@ def test_another_expert_parallel_size_is_refused_and_the_named_reshard_fixes_it(
     assert reshard.main(command.split()) == 0
     assert levels(load_findings(tmp_path / "ep1", **moe)) == [OK]
     assert str(folder) in message
+
+
+def test_another_model_in_another_layout_is_another_run_not_a_reshard(tmp_path):
+    write(tmp_path, config(world_size=2, model_parallel_size=2), tp=2)
+    (found,) = load_findings(tmp_path, hidden_size=128)
+    assert found.level == ERROR and "holds a run of another model" in found.message
+    assert "reshard" not in found.message  # the layout is beside the point
+
+
+def test_a_run_on_other_data_is_said_first(tmp_path):
+    saved = config(data_path="data/shakespeare/shakespeare_text_document")
+    folder = write(tmp_path, saved)
+    found = load_findings(tmp_path, data_path="data/mine_text_document")
+    assert levels(found) == [OK, WARNING]
+    assert found[1].message.startswith(f"{folder} is a run on other data (data_path ")
+    assert "finetune: true to start from its weights" in found[1].message
+    assert levels(load_findings(tmp_path, data_path="data/mine_text_document",
+                                finetune=True)) == [OK]  # fmt: skip
+
+
+def test_another_lr_schedule_is_refused_before_launch_in_the_users_keys(tmp_path):
+    folder = write(tmp_path, config(train_iters=8))
+    found = load_findings(tmp_path, train_iters=12)
+    assert levels(found) == [OK, ERROR]
+    assert found[1].message.startswith(f"{folder} was trained on another LR schedule: ")
+    assert "train_iters 8, the config says 12" in found[1].message
+    assert "override_lr_scheduler: true" in found[1].message
+    for keys in (dict(override_lr_scheduler=True), dict(use_checkpoint_lr_scheduler=True)):
+        assert levels(load_findings(tmp_path, train_iters=12, **keys)) == [OK]
+    # a longer run whose schedule stays the checkpoint's (an explicit decay length) resumes
+    write(tmp_path / "explicit", config(train_iters=8, lr_decay_iters=8))
+    assert levels(load_findings(tmp_path / "explicit", train_iters=12, lr_decay_iters=8)) == [OK]
+
+
+def test_a_finished_run_says_nothing_will_train(tmp_path):
+    folder = write(tmp_path, config(train_iters=2), iteration=2)
+    found = load_findings(tmp_path, train_iters=2)
+    assert levels(found) == [OK, WARNING]
+    assert found[1].message.startswith(f"{folder} is already at iteration 2 of train_iters 2")

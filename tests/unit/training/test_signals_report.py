@@ -70,3 +70,21 @@ def test_a_pairwise_run_with_a_reference_names_the_pairs_and_the_reference_forwa
         cfg, result, started_at=4, train_iters=10, seconds=2.0, tokens=6 * work.tokens
     )
     assert "tokens: 1,536 in " in summary and "(768 tokens/s)" in summary
+
+
+def test_a_resume_names_its_folder_and_a_finished_run_says_it_is_complete(make_config):
+    cfg = make_config()
+    topology = SimpleNamespace(world_size=1, dp_size=1, tp_size=1)
+    text = startup_report(
+        cfg, topology, parameters=1, work=StepWork(2, 1, 32, training_flops_per_token=1.0),
+        train_iters=10, dataset_sizes={"train": 8}, resumed_from=6,
+        resumed_folder="checkpoints/small/global_step6",
+    )  # fmt: skip
+    assert "  resuming from checkpoints/small/global_step6 at iteration 6" in text
+    fresh = startup_report(cfg, topology, parameters=1, work=StepWork(2, 1, 32, 1.0),
+                           train_iters=10, dataset_sizes={"train": 8})  # fmt: skip
+    assert "resuming from" not in fresh
+    done = SimpleNamespace(iteration=10, stopped=False, losses=[], valid=None, test=None)
+    summary = final_summary(cfg, done, started_at=10, train_iters=10, seconds=0.0, tokens=0)
+    assert "already complete at iteration 10 of 10: nothing to train" in summary
+    assert "final loss" not in summary and "tokens: 0" not in summary
