@@ -27,6 +27,7 @@ TRAIN_REQS := $(REQ)/requirements.txt $(REQ)/pins.txt $(REQ)/requirements-build.
 	$(REQ)/requirements-data.txt setup.py tools/build_deepspeed_ops.py
 TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tensorboard.txt \
 	$(REQ)/requirements-wandb.txt $(REQ)/requirements-comet.txt $(REQ)/requirements-eval.txt \
+	$(REQ)/requirements-hf.txt \
 	$(REQ)/requirements-mup.txt
 
 .PHONY: train test data install install-test wheelhouse install-offline

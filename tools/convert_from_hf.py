@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from megatron.checkpoint_tools import import_hf  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
+from megatron.launcher.optional_packages import check_tool_packages  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_tool_packages(
+        "convert_from_hf.py"
+    )  # transformers and safetensors: not in the quick start
     result = import_hf(
         args.hf,
         args.output,

@@ -38,6 +38,7 @@ from megatron.checkpoint_tools.hf_export import (  # noqa: E402
     VERIFY_TOLERANCE,
 )
 from megatron.errors import run_tool  # noqa: E402
+from megatron.launcher.optional_packages import check_tool_packages  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_tool_packages("convert_to_hf.py")  # transformers, safetensors: not in the quick start
     cfg = config_from_files(args.config) if args.config else None
     reader = CheckpointReader(args.checkpoint, cfg)
     state = reader.state_dict()

@@ -10,8 +10,10 @@ requirement strings are the ones of `requirements/requirements-*.txt` (a test ke
 equal). Finding a package is `importlib.util.find_spec` (nothing is imported), so the check
 costs milliseconds.
 
-Not listed: zstandard (only `tools/preprocess_data.py` reads `.zst`, and says so itself) and
-transformers (only the checkpoint tools use it; nothing `deepy.py` launches imports it).
+The tools check theirs the same way before they start (`check_tool_packages`, the table
+`TOOL_PACKAGES`): the Hugging Face conversion needs transformers and safetensors, which the
+quick start does not install. Not listed: zstandard (only `tools/preprocess_data.py` reads
+`.zst`, and says so itself).
 """
 
 from __future__ import annotations
@@ -102,6 +104,29 @@ OPTIONAL_PACKAGES = (
         _mamba_kernel("mamba_causal_conv_fusion", "mamba_inner_func_fusion"),
     ),
 )
+
+
+HF = ("transformers>=4.46,<6", "safetensors>=0.4")  # requirements/requirements-hf.txt
+TOOL_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "convert_to_hf.py": (("transformers", HF[0]), ("safetensors", HF[1])),
+    "convert_from_hf.py": (("transformers", HF[0]), ("safetensors", HF[1])),
+}
+"""Per tool: (import name, requirement) of each package it needs beyond the runtime's."""
+
+
+def check_tool_packages(tool: str) -> None:
+    """Raise `MissingPackageError` (the pip command in the message) when `tool` needs a
+    package this Python lacks; a tool calls it before it reads anything."""
+    missing = [(m, r) for m, r in TOOL_PACKAGES.get(tool, ()) if not is_installed(m)]
+    if not missing:
+        return
+    command = shlex.join(["pip", "install", *(r for _, r in missing)])
+    names = ", ".join(m for m, _ in missing)
+    raise MissingPackageError(
+        f"tools/{tool} needs {names}, not installed in this Python. Install with:\n  "
+        f"{command}\n(or pip install -r requirements/requirements-hf.txt). Nothing was read "
+        "or written."
+    )
 
 
 def is_installed(module: str) -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +18,7 @@ from megatron.config.groups.tokenizer import TokenizerConfig
 from megatron.launcher.errors import LauncherError
 from megatron.launcher.optional_packages import (
     OPTIONAL_PACKAGES,
+    TOOL_PACKAGES,
     MissingPackageError,
     check_optional_packages,
     is_installed,
@@ -143,3 +146,32 @@ def test_the_pip_commands_install_what_requirements_pin():
     lines = _requirement_lines()
     for package in OPTIONAL_PACKAGES:
         assert package.requirement in lines, f"{package.requirement} not in {REQUIREMENTS}"
+    for packages in TOOL_PACKAGES.values():
+        for _, requirement in packages:
+            assert requirement in lines, f"{requirement} not in {REQUIREMENTS}"
+
+
+@pytest.mark.parametrize("tool", ["convert_to_hf.py", "convert_from_hf.py"])
+def test_a_tool_without_transformers_names_the_pip_command(tool, tmp_path):
+    """The Hugging Face tools after `make train` (which does not install transformers): one
+    message with the pip command, before anything is read, and no traceback."""
+    blocker = tmp_path / "sitecustomize.py"  # this Python without transformers
+    blocker.write_text(
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('transformers', 'safetensors'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = ["--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "out")]
+    if tool == "convert_from_hf.py":
+        args = ["--hf", str(tmp_path / "none"), "--output", str(tmp_path / "out")]
+    run = subprocess.run([sys.executable, f"tools/{tool}", *args], cwd=REQUIREMENTS.parent,
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert f"tools/{tool} needs transformers, safetensors" in run.stderr
+    assert "pip install 'transformers>=4.46,<6' 'safetensors>=0.4'" in run.stderr
+    assert not (tmp_path / "out").exists()
