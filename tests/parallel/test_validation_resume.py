@@ -64,7 +64,11 @@ def _validation_reads(rank, world_size, folder):
     GPTDataset.__getitem__ = recording
     runs = {}
     try:
-        for name, stop, ckpt in (("unbroken", None, "a"), ("first", 6, "b"), ("resumed", None, "b")):
+        for name, stop, ckpt in (
+            ("unbroken", None, "a"),
+            ("first", 6, "b"),
+            ("resumed", None, "b"),
+        ):
             reads.clear()
             keys = dict(save=str(folder / ckpt), load=str(folder / ckpt), exit_interval=stop)
             pretrain(resolve(_settings(folder, name, 12, **keys), 1))
