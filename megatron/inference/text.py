@@ -18,7 +18,6 @@ order and writes one JSON object per sample to `sample_output_file`: `context`, 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -28,8 +27,9 @@ import torch.distributed as dist
 from megatron.inference.generation import Generated, generate
 from megatron.inference.model import InferenceModel
 from megatron.inference.sampling import SamplingSettings
+from megatron.preflight.samples import claim_sample_file
 
-log = logging.getLogger(__name__)
+EXCERPT_CHARS = 300
 
 
 class PromptSource:
@@ -142,10 +142,7 @@ def generate_from_config(cfg) -> list[dict]:
     model = InferenceModel.from_config(cfg, topology, vocab_size=tokenizer.vocab_size)
     settings = SamplingSettings.from_config(cfg.generation, tokenizer.eod)
     generator = torch.Generator().manual_seed(cfg.training.seed + topology.dp_rank)
-    out_path = Path(cfg.generation.sample_output_file)
-    if topology.rank == 0:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text("")
+    out_path = claim_sample_file(cfg.generation.sample_output_file) if topology.rank == 0 else None
     everything = []
     for texts in source.batches(cfg):
         records = run_prompts(model, tokenizer, texts, settings, source, generator)
@@ -157,5 +154,20 @@ def generate_from_config(cfg) -> list[dict]:
             if isinstance(source, Interactive):
                 print(records[0]["text"], file=sys.stdout, flush=True)
     if topology.rank == 0:
-        log.info("wrote %d sample(s) to %s", len(everything), out_path)
+        print(summary(everything, out_path, show_one=not isinstance(source, Interactive)))
     return everything
+
+
+def _excerpt(text: str) -> str:
+    text = json.dumps(text, ensure_ascii=False)
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 4] + '..."'
+
+
+def summary(records: list[dict], path: Path, *, show_one: bool) -> str:
+    """What rank 0 prints at the end: where the samples went, and the first of them."""
+    lines = [f"wrote {len(records)} sample(s) to {path}"]
+    if show_one and records:
+        first = records[0]
+        lines.append(f"  first prompt: {_excerpt(first['context'])}")
+        lines.append(f"  its sample ({first['length']} tokens): {_excerpt(first['text'])}")
+    return "\n".join(lines)

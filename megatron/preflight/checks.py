@@ -6,5 +6,6 @@ from megatron.preflight import (  # noqa: F401
     datasets,
     disk,
     hosts,
+    samples,
     tokenizer,
 )

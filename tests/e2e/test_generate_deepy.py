@@ -1,7 +1,8 @@
 """`python deepy.py generate.py CONFIG` on 4 CPU ranks at (tp=2, pp=2): greedy generation from
 an input file with the Llama-style model writes a jsonl whose tokens are the ones
 `transformers`' `generate` gives on the exported model (which stops at the same
-end-of-document token)."""
+end-of-document token). The run says where the samples went and shows the first; a second
+run with the same sample_output_file is refused before launch and the samples are kept."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ TIMEOUT = 300
 PROMPTS = ["The king rode out", "ships of many colours", "wine"]
 
 
-def deepy(script: str, config: dict, folder) -> str:
+def deepy(script: str, config: dict, folder, status: int = 0) -> str:
     path = folder / f"{script}.yml"
     path.write_text(json.dumps(config))  # JSON is YAML
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -37,7 +38,7 @@ def deepy(script: str, config: dict, folder) -> str:
         timeout=TIMEOUT,
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    assert proc.returncode == status, out[-4000:]
     return out
 
 
@@ -61,9 +62,15 @@ def test_generate_py_at_tp2_pp2_gives_transformers_greedy_tokens(tmp_path):
         maximum_tokens=8,
         temperature=0.0,
     )
-    deepy("generate.py", config, tmp_path)
-    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    out = deepy("generate.py", config, tmp_path)
+    kept = samples.read_text()
+    records = [json.loads(line) for line in kept.splitlines()]
     assert [r["context"] for r in records] == PROMPTS
+    assert f"wrote 3 sample(s) to {samples}" in out
+    assert f'first prompt: "{PROMPTS[0]}"' in out
+    again = deepy("generate.py", config, tmp_path, status=2)  # refused before launch
+    assert f"--set sample_output_file={tmp_path / 'samples-2.jsonl'}" in again
+    assert samples.read_text() == kept and "Traceback" not in again
 
     hf_dir = tmp_path / "hf"
     assert convert_to_hf.main(["--checkpoint", str(step2), "--output", str(hf_dir)]) == 0
