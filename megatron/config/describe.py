@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 
 from megatron.config.config import GROUPS, KEY_TO_GROUP
 from megatron.config.neox.keys import (
@@ -15,6 +14,7 @@ from megatron.config.neox.keys import (
     REFUSED_VALUES,
     RENAMED,
 )
+from megatron.config.other_names import did_you_mean
 from megatron.config.schema import ConfigError, field_docs, field_types, is_derived, type_name
 
 
@@ -39,9 +39,7 @@ def describe_key(key: str) -> str:
             f"    {_neox_note(key)}"
         )
     if key not in KEY_TO_GROUP:
-        close = difflib.get_close_matches(key, list(KEY_TO_GROUP), n=3)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
-        raise ConfigError(f"unknown config key '{key}'{hint}")
+        raise ConfigError(f"unknown config key '{key}'{did_you_mean(key, KEY_TO_GROUP)}")
     cls = GROUPS[KEY_TO_GROUP[key]]
     f = {f.name: f for f in dataclasses.fields(cls)}[key]
     kind = "derived" if is_derived(cls, key) else f"default {_default(f)}"

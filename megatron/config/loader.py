@@ -8,6 +8,7 @@ sections) win over every file.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tomllib
@@ -45,8 +46,20 @@ def find_config_file(name: str, configs_dir: Path = CONFIGS_DIR) -> Path:
         if candidate.is_file():
             return candidate
     raise ConfigError(
-        f"config file '{name}' not found (also looked for {', '.join(str(c) for c in candidates)})"
+        f"config file '{name}' not found, nor as {configs_dir / name} (with or without "
+        f"{'/'.join(CONFIG_SUFFIXES)}){_near(path, configs_dir)}"
     )
+
+
+def _near(path: Path, configs_dir: Path = CONFIGS_DIR) -> str:
+    """'; did you mean ...?' naming config files beside `path` (or in configs/) like it."""
+    folder = path.parent if path.parent.is_dir() else configs_dir
+    files = {p.name: p for p in folder.glob("*") if p.suffix in CONFIG_SUFFIXES}
+    close = difflib.get_close_matches(path.name, list(files), n=3, cutoff=0.6)
+    if not close and folder != configs_dir:
+        return _near(configs_dir / path.name, configs_dir)
+    shown = [str(path.parent / c) if folder == path.parent else str(files[c]) for c in close]
+    return f"; did you mean {' or '.join(repr(c) for c in shown)}?" if close else ""
 
 
 def _yaml_loader(path: Path, stack: tuple[Path, ...]) -> type[yaml.SafeLoader]:

@@ -11,7 +11,6 @@ collected and raised as one `ConfigError`, so a user fixes them in one pass.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from megatron.config.config import GROUPS, KEY_TO_GROUP, Config
@@ -27,13 +26,12 @@ from megatron.config.neox.keys import (
     RENAMED,
     NeoxKey,
 )
+from megatron.config.other_names import did_you_mean
 from megatron.config.schema import ConfigError, is_derived
 
 
 def _did_you_mean(key: str) -> str:
-    known = list(KEY_TO_GROUP) + list(RENAMED) + sorted(NEOX_KEYS)
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return did_you_mean(key, list(KEY_TO_GROUP) + list(RENAMED) + sorted(NEOX_KEYS))
 
 
 def _is_derived_key(key: str) -> bool:
