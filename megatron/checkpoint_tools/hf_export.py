@@ -27,6 +27,7 @@ logits equal ours over every row; `vocab_size` trims the tables to fewer rows.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,7 +190,19 @@ def export_hf(
         result.files += written
         if why:
             result.notes.append(f"no tokenizer files: {why}")
+    give_usual_permissions(output)
     return result
+
+
+def give_usual_permissions(folder: Path) -> None:
+    """Files as any other file this user writes (0644 under umask 022): safetensors writes
+    through a private temporary file, so its weights came out 0600, unreadable by the group
+    that shares the model."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 @dataclass(frozen=True)

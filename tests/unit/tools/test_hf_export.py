@@ -13,7 +13,9 @@ written; what it can express exports faithfully (checked by `transformers` itsel
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import stat
 
 import pytest
 import torch
@@ -128,3 +130,18 @@ def test_expressible_options_export_faithfully(arch, args, tmp_path):
     export_hf(state, args, tmp_path / "hf", architecture=arch)
     check = verify_export(tmp_path / "hf", args, state)
     assert check.ok and check.max_difference < 1e-5, check.report()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_get_the_users_usual_permissions(tmp_path, umask):
+    """safetensors writes through a private temporary file: model.safetensors came out 0600,
+    where the group sharing the model (and a container's other user) could not read it."""
+    args = neox_args()
+    old = os.umask(umask)
+    try:
+        result = export_hf(random_state(args), args, tmp_path / "hf", max_shard_size="50KB")
+    finally:
+        os.umask(old)
+    assert any(name.endswith(".safetensors") for name in result.files)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)
