@@ -3,6 +3,7 @@
 from megatron.preflight import (  # noqa: F401
     build_locks,
     checkpoints,
+    cpu_bf16,
     datasets,
     disk,
     hosts,
