@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.size import checkpoint_size
@@ -120,6 +121,18 @@ def _report(cfg, topology, loggers, work, train_iters, state, datasets, notice, 
     )
 
 
+def _same_valid_batches(make_batches, dataset):
+    """A fresh iterator over the validation split from its start, for each evaluation
+    (`eval_fixed_samples`). Making one draws a seed from torch's generator: that draw is
+    undone, so dropout during training is the same with the key as without it."""
+
+    def restart():
+        with torch.random.fork_rng(devices=[]):
+            return make_batches(dataset, 0)
+
+    return restart
+
+
 def _count_parameters(cfg) -> int:
     from megatron.model import count_parameters
 
@@ -187,7 +200,10 @@ def pretrain(cfg) -> TrainResult:
         steps = engine_steps(engine, topology, objective, reference, curriculum)
         stop = StopRequest()  # its flag rides on the non-finite check's all-reduce
         NonFiniteSteps(engine, parts.optimizer, topology, steps.local_loss, stop).install()
-        evaluator = Evaluator(steps, valid_batches, t.eval_interval, t.eval_iters, loggers)
+        restart = _same_valid_batches(make_batches, datasets[1]) if t.eval_fixed_samples else None
+        evaluator = Evaluator(
+            steps, valid_batches, t.eval_interval, t.eval_iters, loggers, restart=restart
+        )
         peak = peak_tflops(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops)
         monitor = TrainMonitor(
             work.tokens, work.flops_per_token, topology.world_size, peak, train_iters

@@ -9,7 +9,8 @@ rank (its `shift_and_wrap_data_loaders`), which is the same number of samples at
 evaluation boundary (checked below with its formula) and a later one between two of them:
 there GPT-NeoX's own resumed run skips batches its unbroken run evaluates on (each of its
 evaluations reads `eval_iters · gradient_accumulation_steps` micro-batches). We keep the
-unbroken run's: the departure is listed in the README.
+unbroken run's: the departure is listed in the README. With `eval_fixed_samples` every
+evaluation reads the first evaluation's samples instead.
 """
 
 from __future__ import annotations
@@ -48,9 +49,13 @@ def _settings(folder: Path, name: str, iters: int, **changes) -> dict:
                          **changes)  # fmt: skip
 
 
-def _validation_reads(rank, world_size, folder):
-    """The validation samples (indices) each run reads: unbroken to 12, stopped at 6 (its
-    checkpoint), resumed from there to 12."""
+RESUME = (("unbroken", None, "a"), ("first", 6, "b"), ("resumed", None, "b"))
+FIXED = {"eval_fixed_samples": True}
+
+
+def _validation_reads(rank, world_size, folder, runs=RESUME, changes=None):
+    """The validation samples (indices) and training losses of each run: by default unbroken
+    to 12, stopped at 6 (its checkpoint), resumed from there to 12."""
     from megatron.data.gpt_dataset import GPTDataset
     from megatron.training import pretrain
 
@@ -62,25 +67,36 @@ def _validation_reads(rank, world_size, folder):
         return read(self, idx)
 
     GPTDataset.__getitem__ = recording
-    runs = {}
+    found = {}
     try:
-        for name, stop, ckpt in (
-            ("unbroken", None, "a"),
-            ("first", 6, "b"),
-            ("resumed", None, "b"),
-        ):
+        for name, stop, ckpt in runs:
             reads.clear()
             keys = dict(save=str(folder / ckpt), load=str(folder / ckpt), exit_interval=stop)
-            pretrain(resolve(_settings(folder, name, 12, **keys), 1))
-            runs[name] = list(reads)
+            result = pretrain(resolve(_settings(folder, name, 12, **keys, **(changes or {})), 1))
+            found[name] = (list(reads), result.losses)
     finally:
         GPTDataset.__getitem__ = read
-    return runs
+    return found
 
 
 def test_a_resumed_run_validates_on_the_unbroken_runs_samples(tmp_path):
     runs = run_distributed(_validation_reads, 1, str(tmp_path))[0]
     per_evaluation = EVAL_ITERS * GAS * MICRO
-    unbroken, first, resumed = runs["unbroken"], runs["first"], runs["resumed"]
+    (unbroken, _), (first, _), (resumed, _) = runs["unbroken"], runs["first"], runs["resumed"]
     assert len(first) == per_evaluation  # the evaluation at 4 (the run ends at 6)
     assert first + resumed[: len(unbroken) - len(first)] == unbroken
+
+
+def test_fixed_samples_evaluate_the_same_samples_each_time_and_leave_training_alone(tmp_path):
+    """eval_fixed_samples: the evaluations at 4, 8 and 12 (and the resumed run's at 8 and 12)
+    read the first evaluation's samples again; the training losses, dropout on, are those of
+    the run without the key (the fresh iterators' seed draws are undone)."""
+    fixed = run_distributed(_validation_reads, 1, str(tmp_path / "fixed"), RESUME, FIXED)[0]
+    plain = run_distributed(_validation_reads, 1, str(tmp_path / "plain"), RESUME[:1])[0]
+    plain = plain["unbroken"]
+    per_evaluation = EVAL_ITERS * GAS * MICRO
+    reads, losses = fixed["unbroken"]
+    assert reads == plain[0][:per_evaluation] * 3 and len(set(reads)) == per_evaluation
+    assert fixed["resumed"][0] == reads[: 2 * per_evaluation]
+    assert losses == plain[1]
+    assert fixed["first"][1] + fixed["resumed"][1] == losses

@@ -31,6 +31,12 @@ class TrainingConfig:
     eval_iters: int = 100
     """Batches per evaluation."""
 
+    eval_fixed_samples: bool = False
+    """Every evaluation of the validation split reads the same samples (its first `eval_iters`
+    global batches), so successive validation losses are comparable. By default, as in
+    GPT-NeoX, each evaluation continues where the previous one stopped: new samples each time,
+    and a loss that moves with the data as well as the model. The start-up report says which."""
+
     exit_interval: int | None = None
     """Save and exit when the iteration is a multiple of this."""
 

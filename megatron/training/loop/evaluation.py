@@ -40,15 +40,18 @@ def evaluate(steps, batches, eval_iters: int) -> EvalResult:
 
 
 class Evaluator:
-    """Evaluates the validation split every `interval` iterations, continuing through its data
-    (each evaluation sees new samples), and any split once at the end."""
+    """Evaluates the validation split every `interval` iterations, and any split once at the
+    end. Each evaluation continues through the validation iterator (new samples each time),
+    unless `restart` is given: then every evaluation after the first reads a fresh iterator
+    from it (`eval_fixed_samples`: the same samples each time)."""
 
-    def __init__(self, steps, valid_batches, interval: int, eval_iters: int, loggers):
+    def __init__(self, steps, valid_batches, interval: int, eval_iters: int, loggers, restart=None):
         self.steps = steps
         self.valid = valid_batches
         self.interval = interval
         self.eval_iters = eval_iters
         self.loggers = loggers
+        self.restart = restart
         self.last: EvalResult | None = None
 
     def due(self, iteration: int) -> bool:
@@ -56,7 +59,10 @@ class Evaluator:
 
     def run(self, iteration: int, split: str = "valid", batches=...) -> EvalResult | None:
         """Evaluate `batches` (default: the validation iterator); None when there is no data."""
-        batches = self.valid if batches is ... else batches
+        if batches is ...:
+            if self.restart is not None and self.last is not None:
+                self.valid = self.restart()
+            batches = self.valid
         if batches is None or self.eval_iters < 1:
             return None
         result = evaluate(self.steps, batches, self.eval_iters)

@@ -90,6 +90,7 @@ def startup_report(
             f"  data: {data}"
             + (" (synthetic tokens: data_impl dummy)" if cfg.data.data_impl == "dummy" else ""),
         ]
+        + _validation_line(t, dataset_sizes.get("valid"))
         + (
             [f"  resuming from {resumed_folder} at iteration {resumed_from}"]
             if resumed_folder
@@ -97,6 +98,22 @@ def startup_report(
         )
         + ([f"  resume: {layout_notice}"] if layout_notice else [])
     )
+
+
+def _validation_line(t, valid_samples: int | None) -> list[str]:
+    """Which validation samples each evaluation reads: the next ones (GPT-NeoX) or the same."""
+    if not t.eval_interval or not t.eval_iters or not valid_samples:
+        return []
+    each = (
+        "the same ones each time (eval_fixed_samples)"
+        if t.eval_fixed_samples
+        else "the next ones each time, so successive losses are on other samples "
+        "(eval_fixed_samples: true reads the same)"
+    )
+    return [
+        f"  validation: every {t.eval_interval} iterations, {t.eval_iters} batches × "
+        f"{t.train_batch_size} = {t.eval_iters * t.train_batch_size:,} samples, {each}"
+    ]
 
 
 def _flops_per_token(work: StepWork) -> str:

@@ -46,10 +46,11 @@ def build_datasets(cfg, train_iters: int, train_samples: int | None = None):
 
 
 def valid_samples_consumed(cfg, iteration: int) -> int:
-    """Validation samples read by the evaluations before `iteration` (each evaluation
-    continues where the previous stopped)."""
+    """Where the validation iterator starts at `iteration`: the samples the evaluations
+    before it read (each continues where the previous stopped), or 0 with
+    `eval_fixed_samples`."""
     t = cfg.training
-    if not t.eval_interval:
+    if not t.eval_interval or t.eval_fixed_samples:  # every evaluation starts at the start
         return 0
     return (iteration // t.eval_interval) * t.eval_iters * t.train_batch_size
 

@@ -88,3 +88,21 @@ def test_a_resume_names_its_folder_and_a_finished_run_says_it_is_complete(make_c
     summary = final_summary(cfg, done, started_at=10, train_iters=10, seconds=0.0, tokens=0)
     assert "already complete at iteration 10 of 10: nothing to train" in summary
     assert "final loss" not in summary and "tokens: 0" not in summary
+
+
+@pytest.mark.parametrize(
+    ("fixed", "each"),
+    [
+        (False, "the next ones each time, so successive losses are on other samples"),
+        (True, "the same ones each time (eval_fixed_samples)"),
+    ],
+)
+def test_the_report_says_which_validation_samples_each_evaluation_reads(make_config, fixed, each):
+    cfg = make_config(eval_interval=50, eval_iters=3, eval_fixed_samples=fixed)
+    topology = SimpleNamespace(world_size=1, dp_size=1, tp_size=1)
+    report = dict(parameters=1, work=StepWork(2, 1, 32, 1.0), train_iters=10)
+    text = startup_report(cfg, topology, dataset_sizes={"train": 8, "valid": 9}, **report)
+    line = f"  validation: every 50 iterations, 3 batches × 2 = 6 samples, {each}"
+    assert line in text
+    bare = startup_report(cfg, topology, dataset_sizes={"train": 8, "valid": None}, **report)
+    assert "validation:" not in bare
