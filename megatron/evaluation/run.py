@@ -10,7 +10,9 @@ task but a place to look for task YAML files (lm-eval's `include_path`), e.g.
 filtered responses) to `..._eval_samples.jsonl` beside it, written by rank 0, and lm-eval's
 table is printed.
 Tasks whose data lm-eval would download need the network (or the Hugging Face datasets cache);
-local tasks load their files with `datasets` offline (`HF_DATASETS_OFFLINE=1`).
+local tasks load their files with `datasets` offline (`HF_DATASETS_OFFLINE=1`). The tasks are
+loaded before the model: an unknown name, or data that cannot be reached, stops the run with
+one line naming the task (`EvalTaskError`) and the offline way.
 """
 
 from __future__ import annotations
@@ -55,16 +57,60 @@ def sample_lines(results: dict) -> list[str]:
     return lines
 
 
-def run_tasks(model, tokenizer, tasks: list[str], folders: list[str], **kwargs) -> dict | None:
+class EvalTaskError(ValueError):
+    """An `eval_tasks` entry lm-eval does not know, or whose data cannot be loaded."""
+
+
+OFFLINE_HINT = (
+    "without network, evaluate a task whose data is local (a folder of lm-eval task YAML files "
+    "in eval_tasks, such as configs/lm_eval with shakespeare_lastword), or fill the Hugging Face "
+    "datasets cache where there is network and run with HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1"
+)
+
+
+def task_manager(tasks: list[str], folders: list[str]):
+    """lm-eval's `TaskManager` with `tasks` loaded now, before the model, so an unknown name
+    or data that cannot be reached stops the run in one line (`EvalTaskError`); its `load`
+    of the same tasks inside `simple_evaluate` returns what was loaded here."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    class LoadedOnce(TaskManager):
+        def load(self, task_list):
+            key = json.dumps(task_list, default=str)
+            if key not in self.loaded:
+                self.loaded[key] = super().load(task_list)
+            return self.loaded[key]
+
+    manager = LoadedOnce(include_path=folders or None)
+    manager.loaded = {}
+    unknown = [t for t in tasks if t not in manager.all_tasks and not Path(t).is_file()]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        where = f" (with the task files of {', '.join(folders)})" if folders else ""
+        raise EvalTaskError(
+            f"eval_tasks: {', '.join(unknown)} is not an lm-eval task, group or tag{where}{hint}"
+        )
+    try:
+        manager.load(tasks)
+    except OSError as err:  # ConnectionError, a missing data file, a dataset not cached
+        raise EvalTaskError(
+            f"eval_tasks: the data of {', '.join(tasks)} could not be loaded ({err}); "
+            + OFFLINE_HINT
+        ) from err
+    return manager
+
+
+def run_tasks(model, tokenizer, manager, tasks: list[str], **kwargs) -> dict | None:
     """lm-eval's `simple_evaluate` with our model (collective: call it on every rank). The
     results come back where LOCAL_RANK is 0 (lm-eval returns None elsewhere)."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
     from megatron.evaluation.adapter import MegatronLM
 
     lm = MegatronLM(model, tokenizer)
-    manager = TaskManager(include_path=folders or None)
     return simple_evaluate(model=lm, tasks=tasks, task_manager=manager, log_samples=True, **kwargs)
 
 
@@ -77,11 +123,12 @@ def evaluate_from_config(cfg) -> dict | None:
     from megatron.parallel.random import seed_everything
 
     tasks, folders = split_tasks(cfg.generation.eval_tasks)
+    manager = task_manager(tasks, folders)
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
     tokenizer = build_tokenizer(cfg)
     model = InferenceModel.from_config(cfg, topology, vocab_size=tokenizer.vocab_size)
-    results = run_tasks(model, tokenizer, tasks, folders, random_seed=cfg.training.seed)
+    results = run_tasks(model, tokenizer, manager, tasks, random_seed=cfg.training.seed)
     if results is None:
         return None
     summary = {

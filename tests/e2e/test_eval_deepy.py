@@ -1,6 +1,7 @@
 """`python deepy.py eval.py CONFIG` on 2 CPU ranks (a pipeline of 2 stages, the checkpoint
 saved at tp=2, pp=2) with the local lm-eval tasks of `tests/data/lm_eval_task` (multiple
-choice, rolling loglikelihood, generation; nothing downloaded) gives the results `lm-eval`
+choice, rolling loglikelihood, generation) and the README's offline task of `configs/lm_eval`
+(last words of Shakespeare; nothing downloaded) gives the results `lm-eval`
 gives for the exported Hugging Face model: the same accuracies and generations, perplexities
 equal to 1e-6. The export keeps only the tokenizer's rows (`--vocab-size`), since our scoring
 normalises over the real vocabulary, never over the rows padding the table."""
@@ -20,7 +21,8 @@ lm_eval = pytest.importorskip("lm_eval")
 
 pytestmark = pytest.mark.slow
 TASK_DIR = REPO / "tests" / "data" / "lm_eval_task"
-TASKS = ["tiny_mc", "tiny_ppl", "tiny_gen"]
+SHIPPED = REPO / "configs" / "lm_eval"  # the README's offline task
+TASKS = ["tiny_mc", "tiny_ppl", "tiny_gen", "shakespeare_lastword"]
 
 
 def _hf_results(hf_dir, monkeypatch) -> dict:
@@ -31,7 +33,7 @@ def _hf_results(hf_dir, monkeypatch) -> dict:
         model="hf",
         model_args=f"pretrained={hf_dir},dtype=float32",
         tasks=TASKS,
-        task_manager=TaskManager(include_path=[str(TASK_DIR)]),
+        task_manager=TaskManager(include_path=[str(TASK_DIR), str(SHIPPED)]),
         device="cpu",
         batch_size=8,
         log_samples=True,
@@ -53,7 +55,7 @@ def test_eval_py_matches_lm_eval_on_the_exported_model(tmp_path, monkeypatch):
         master_port=free_port(),
         model_parallel_size=1,
         pipe_parallel_size=2,
-        eval_tasks=[str(TASK_DIR), *TASKS],
+        eval_tasks=[str(TASK_DIR), "configs/lm_eval", *TASKS],
         eval_results_prefix=str(prefix),
     )
     deepy("eval.py", config, tmp_path)
@@ -69,6 +71,11 @@ def test_eval_py_matches_lm_eval_on_the_exported_model(tmp_path, monkeypatch):
     for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
         expected = theirs["results"]["tiny_ppl"][metric]
         assert ours["results"]["tiny_ppl"][metric] == pytest.approx(expected, rel=1e-6)
+    lastword = ours["results"]["shakespeare_lastword"]
+    assert lastword["acc,none"] == theirs["results"]["shakespeare_lastword"]["acc,none"]
+    expected = theirs["results"]["shakespeare_lastword"]["perplexity,none"]
+    assert lastword["perplexity,none"] == pytest.approx(expected, rel=1e-6)
+    assert ours["n-samples"]["shakespeare_lastword"]["effective"] == 210
     assert (
         ours["results"]["tiny_gen"]["exact_match,none"]
         == (theirs["results"]["tiny_gen"]["exact_match,none"])
