@@ -1,8 +1,12 @@
 """Sequence-length curriculum: GPT-NeoX's `curriculum_learning` section with
 `curriculum_type: seqlen`.
 
-The length of each step's sequences comes from DeepSpeed's `CurriculumScheduler` (the scheduler
-GPT-NeoX uses), asked with `iteration + 1` as GPT-NeoX does (DeepSpeed counts steps from 1).
+The length of each step's sequences comes from DeepSpeed's `CurriculumScheduler`, asked with
+`iteration + 1` as GPT-NeoX does (DeepSpeed counts steps from 1). GPT-NeoX runs DeeperSpeed's
+copy of that scheduler, which differs in one corner, and we follow DeepSpeed 0.19's: with a
+`min_difficulty` that is not a multiple of `difficulty_step`, a length floored to a multiple
+is raised to the first multiple at or above `min_difficulty`, where DeeperSpeed leaves it
+below (at 0, an empty sequence, when `min_difficulty < difficulty_step`).
 Every micro-batch of that step keeps the first `length` tokens of its samples (tokens,
 positions, labels, loss mask) and drops the rest, as GPT-NeoX's `get_batch_pipe` does; the data
 position still advances by whole samples. Evaluation runs at the full `seq_length`.

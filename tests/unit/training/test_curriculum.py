@@ -27,10 +27,17 @@ LINEAR = {
 
 
 def _linear(step, low=8, high=64, total=10, every=8, degree=1):
-    """DeepSpeed's fixed_linear / fixed_root: the root of the progress scaled to the range,
-    floored to a multiple of difficulty_step, then capped at max_difficulty."""
+    """DeepSpeed 0.19.8's fixed_linear / fixed_root (the scheduler we run): the root of the
+    progress scaled to the range, floored to a multiple of difficulty_step, raised to the first
+    multiple at or above min_difficulty, capped at max_difficulty."""
     d = math.floor((step / total) ** (1 / degree) * (high - low) + low)
-    return min(max(d - d % every, low), high)
+    return min(max(d - d % every, math.ceil(low / every) * every), high)
+
+
+def _deeperspeed(step, low=8, high=64, total=10, every=8, degree=1):
+    """GPT-NeoX's DeeperSpeed (0.16.5): the same without the lower clamp."""
+    d = math.floor((step / total) ** (1 / degree) * (high - low) + low)
+    return min(d - d % every, high)
 
 
 def _lengths(curriculum, start, stop):
@@ -43,6 +50,20 @@ def test_lengths_follow_the_schedule_from_iteration_plus_one(degree):
     section["schedule_config"] = dict(LINEAR["schedule_config"], root_degree=degree)
     curriculum = SeqlenCurriculum(section, 64, lambda n: n)
     assert _lengths(curriculum, 0, 14) == [_linear(i + 1, degree=degree) for i in range(14)]
+
+
+def test_a_min_difficulty_off_the_step_follows_deepspeed_not_deeperspeed():
+    """We run DeepSpeed 0.19.8's scheduler: with min_difficulty 12 and difficulty_step 8 the
+    first lengths are 16 (the next multiple), where GPT-NeoX's DeeperSpeed floors to 8, below
+    min_difficulty (and to 0, an empty sequence, when min_difficulty < difficulty_step). With
+    min_difficulty a multiple of the step, as in LINEAR, the two agree at every step."""
+    schedule = {"total_curriculum_step": 100, "difficulty_step": 8}
+    section = dict(LINEAR, min_difficulty=12, schedule_config=schedule)
+    curriculum = SeqlenCurriculum(section, 64, lambda n: n)
+    ours = _lengths(curriculum, 0, 14)
+    assert ours == [_linear(i + 1, low=12, total=100) for i in range(14)] and ours[0] == 16
+    assert _deeperspeed(1, low=12, total=100) == 8 and _deeperspeed(1, low=4, total=100) == 0
+    assert [_linear(i) for i in range(1, 14)] == [_deeperspeed(i) for i in range(1, 14)]
 
 
 def test_lengths_never_exceed_seq_length():
