@@ -12,6 +12,8 @@ torch's backward formula for the CUDA kernels counts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -34,3 +36,19 @@ CPU_SDPA = {
 
 def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=CPU_SDPA)
+
+
+def counted_training_flops_per_token(args, seq: int) -> float:
+    """Training FLOPs per token of our model (`ModelArgs` `args` at sequence `seq`), counted by
+    torch over forward + loss backward on the meta device."""
+    from megatron.model import build_gpt
+
+    args = dataclasses.replace(args, pipe_parallel_size=0, seq_length=seq)
+    with torch.device("meta"):
+        model = build_gpt(args)
+        tokens = torch.zeros(1, seq, dtype=torch.long)
+        positions = torch.arange(seq).expand(1, seq)
+        with flop_counter() as counter:
+            logits = model(tokens, positions)
+            model.loss_fn(logits, (tokens, torch.ones(1, seq))).backward()
+    return counter.get_total_flops() / seq

@@ -1,7 +1,8 @@
 """Sequence-length curriculum (`megatron/training/setup/curriculum.py`): the lengths follow the
 schedule as GPT-NeoX runs it (DeepSpeed's scheduler asked with iteration + 1), written out
 here from DeepSpeed's documented formulas; micro-batches are cut as GPT-NeoX's `get_batch_pipe`
-cuts them; a resumed schedule continues exactly; tokens/s and FLOPs count the real length."""
+cuts them; a resumed schedule continues exactly; tokens/s and FLOPs count the real length
+(against torch's FLOP counter)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 from megatron.config import ConfigError
+from megatron.model import ModelArgs
 from megatron.training.metrics.flops import step_work
 from megatron.training.metrics.monitor import TrainMonitor
 from megatron.training.setup.curriculum import SeqlenCurriculum
+from tests.flop_counter import counted_training_flops_per_token
 from tests.tiny import tiny_config
 
 LINEAR = {
@@ -112,18 +115,22 @@ def test_micro_batches_keep_the_first_tokens_of_every_sample():
 
 
 def test_tokens_per_second_and_flops_count_the_real_length():
+    """A step cut to 8 tokens: its tokens are the batch's samples times 8 and its FLOPs what
+    torch's counter counts over the model at sequence 8 (not the product's own step_work)."""
     cfg = tiny_config()
     full, short = step_work(cfg), step_work(cfg, seq_length=8)
-    assert short.tokens * 4 == full.tokens
+    tokens = cfg.training.train_batch_size * 8
+    counted = tokens * counted_training_flops_per_token(ModelArgs.from_config(cfg), 8)
+    assert short.tokens == tokens and short.flops == pytest.approx(counted, rel=1e-9)
     ticks = iter([0.0, 1.0])
     monitor = TrainMonitor(
         full.tokens, full.flops_per_token, 1, None, 10, clock=lambda: next(ticks)
     )
     monitor.step(1.0, applied=True, work=short)
     record = monitor.record(1, lr=1e-3, grad_norm=None, loss_scale=None)
-    assert record["tokens_per_sec"] == short.tokens
-    assert record["tflops_per_gpu"] == pytest.approx(short.flops / 1e12)
-    assert monitor.tokens_trained == short.tokens
+    assert record["tokens_per_sec"] == tokens
+    assert record["tflops_per_gpu"] == pytest.approx(counted / 1e12, rel=1e-9)
+    assert monitor.tokens_trained == tokens
 
 
 def _config(**section):

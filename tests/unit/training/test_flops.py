@@ -29,7 +29,7 @@ import transformers
 from megatron.checkpoint_tools.hf_export import hf_config_object
 from megatron.checkpoint_tools.hf_import import RECORD_DEFAULTS, model_keys_from_hf
 from megatron.config import config_from_dict, load_config
-from megatron.model import ModelArgs, build_gpt
+from megatron.model import ModelArgs
 from megatron.training.metrics.flops import (
     ModelShape,
     peak_description,
@@ -40,24 +40,11 @@ from megatron.training.metrics.flops import (
     training_flops_per_token,
 )
 from tests.distributed import run_distributed
-from tests.flop_counter import flop_counter
+from tests.flop_counter import counted_training_flops_per_token, flop_counter
 
 # One process, no recomputation: model FLOPs count no recompute (see flops.py), and torch
 # would count DeepSpeed's recomputed forward.
 PLAIN = ["model_parallel_size=1", "pipe_parallel_size=0", "checkpoint_activations=false"]
-
-
-def _counted_ours(args: ModelArgs, seq: int) -> float:
-    """Training FLOPs per token of our model, counted by torch over forward + loss backward."""
-    args = dataclasses.replace(args, pipe_parallel_size=0, seq_length=seq)
-    with torch.device("meta"):
-        model = build_gpt(args)
-        tokens = torch.zeros(1, seq, dtype=torch.long)
-        positions = torch.arange(seq).expand(1, seq)
-        with flop_counter() as counter:
-            logits = model(tokens, positions)
-            model.loss_fn(logits, (tokens, torch.ones(1, seq))).backward()
-    return counter.get_total_flops() / seq
 
 
 def _counted_hf(model: torch.nn.Module, seq: int) -> float:
@@ -82,7 +69,7 @@ def _counted_hf(model: torch.nn.Module, seq: int) -> float:
 def test_training_flops_match_the_flop_counter_on_our_model(files, overrides):
     cfg = load_config(files, PLAIN + overrides, world_size=1, vocab_size=32000)
     args = ModelArgs.from_config(cfg)
-    expected = _counted_ours(args, cfg.model.seq_length)
+    expected = counted_training_flops_per_token(args, cfg.model.seq_length)
     assert training_flops_per_token(shape_from_config(cfg)) == pytest.approx(expected, rel=0.02)
 
 
@@ -105,7 +92,7 @@ def test_rwkv_layers_count_their_matmuls_and_the_recurrence(monkeypatch):
         ffn_dim=96,
     )
     recurrence = 2 * 3 * (2 * 2 * 128 * 32)  # two rwkv layers, forward + backward
-    expected = _counted_ours(args, 32) + recurrence
+    expected = counted_training_flops_per_token(args, 32) + recurrence
     assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(expected, rel=1e-9)
 
 
@@ -187,9 +174,11 @@ def test_a_sliding_window_matches_the_counter_where_every_key_is_in_the_window(a
     cfg = load_config(["llama-small"], PLAIN + overrides, world_size=1, vocab_size=32000)
     args = ModelArgs.from_config(cfg)
     args = dataclasses.replace(args, seq_length=seq, max_position_embeddings=seq)
-    counted = _counted_ours(args, window + 1)  # the last query sees W + 1 keys, all unmasked
+    # the last query sees W + 1 keys, all unmasked
+    counted = counted_training_flops_per_token(args, window + 1)
     assert training_flops_per_token(ModelShape.from_args(args)) == pytest.approx(counted, rel=1e-9)
-    assert _counted_ours(args, seq) > counted  # the backend itself computes all s × s scores
+    # the backend itself computes all s × s scores
+    assert counted_training_flops_per_token(args, seq) > counted
 
 
 # (train_impl, extra keys): pairwise with a reference (DPO), one sequence with a reference
