@@ -138,11 +138,14 @@ def resolve(args: argparse.Namespace) -> Config:
 
 def preflight(cfg: Config, script: str) -> list:
     """Check the files the run will read and write; warn, or refuse before anything starts."""
+    from megatron.kernels.deepspeed_ops import choose_accelerator
     from megatron.preflight import WARNING, raise_on_errors, run_preflight
 
     # Some checks import torch and DeepSpeed, whose logger writes to the stdout it finds at
     # import; stdout carries only what deepy.py prints (the --dry-run JSON), so they get stderr.
+    # DeepSpeed's first import in this process is here: it is told this machine's device.
     with contextlib.redirect_stdout(sys.stderr):
+        choose_accelerator()
         findings = run_preflight(cfg, script, shared_fs=cfg.launcher.preflight_shared_fs)
     for finding in findings:
         if finding.level == WARNING:

@@ -21,6 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from megatron.kernels.deepspeed_ops import choose_accelerator  # noqa: E402
+
+choose_accelerator()  # before the imports below import DeepSpeed: it need not guess
+
 from megatron.checkpoint_tools import import_hf  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
 from megatron.launcher.optional_packages import check_tool_packages  # noqa: E402

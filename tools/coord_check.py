@@ -19,6 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from megatron.kernels.deepspeed_ops import choose_accelerator  # noqa: E402
+
+choose_accelerator()  # before the imports below import DeepSpeed: it need not guess
+
 from megatron.checkpoint_tools import config_from_files  # noqa: E402
 from megatron.config import ConfigError  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402

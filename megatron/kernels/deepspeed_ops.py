@@ -11,12 +11,15 @@ build leaves behind (see `megatron/preflight/build_locks.py`).
 
 `missing_ops` says which of them the installed DeepSpeed lacks; `announce_jit_builds` is what
 a worker logs, before DeepSpeed starts such a build, so nobody waits on a silent compile.
+`choose_accelerator` tells DeepSpeed the device before its first import in a process that is
+not a worker (deepy.py, the checkpoint tools), so it does not guess and warn.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,32 @@ def accelerator() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def choose_accelerator() -> str:
+    """Make DeepSpeed's accelerator this machine's (`accelerator()`) before DeepSpeed's first
+    import in this process; return it.
+
+    Left to guess, DeepSpeed probes at import and on a machine without a GPU warns "Setting
+    accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." in
+    every command that imports it (deepy.py's pre-flight, the checkpoint tools), although the
+    CPU is what we run on. On a CPU the import here runs with `DS_ACCELERATOR=cpu`, DeepSpeed's
+    own override, which it takes silently (its INFO line says so). The variable is set for that
+    import only: deepy.py's environment reaches workers that may run on GPU nodes (srun and
+    MPICH pass all of it), which choose for themselves (`megatron/launcher/launch.py` sets it
+    for a local launch on a machine without a GPU). Nothing to do on a GPU (DeepSpeed finds
+    CUDA without a word), when the variable is set already, or after DeepSpeed's import."""
+    kind = accelerator()
+    if kind != "cpu" or "DS_ACCELERATOR" in os.environ or "deepspeed" in sys.modules:
+        return kind
+    os.environ["DS_ACCELERATOR"] = kind
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator()  # chosen now, once for the process
+    finally:
+        del os.environ["DS_ACCELERATOR"]
+    return kind
 
 
 def installed_ops() -> dict[str, bool]:

@@ -1,11 +1,11 @@
 """What a person sees, through `deepy.py` on CPU ranks: a quiet console by default (our report,
 one line per log interval with ETA, evaluations, checkpoints, a final summary; no DeepSpeed INFO
-lines or prints, no config bundle), also for a bf16 run and its resume (DeepSpeed's bf16
-optimizer prints its memory use as it is built, its loader `_load_legacy_checkpoint`) and for
-GPT-NeoX's `distributed_backend: nccl` on a machine without a GPU; everything with
-`--verbose`; a free rendezvous port when the config sets none (while another run holds 29500);
-and refusals before any worker starts: a missing optional package (with the pip command) and a
-`master_port` that is taken."""
+lines or prints, no warning that it guessed the device, no config bundle), also for a bf16 run
+and its resume (DeepSpeed's bf16 optimizer prints its memory use as it is built, its loader
+`_load_legacy_checkpoint`) and for GPT-NeoX's `distributed_backend: nccl` on a machine without
+a GPU; everything with `--verbose`; a free rendezvous port when the config sets none (while
+another run holds 29500); and refusals before any worker starts: a missing optional package
+(with the pip command) and a `master_port` that is taken."""
 
 from __future__ import annotations
 
@@ -57,8 +57,11 @@ def default_port_taken():
 
 
 BF16 = dict(precision="bfloat16", zero_optimization={"stage": 1}, distributed_backend="nccl")
+# What DeepSpeed prints or logs that the default console does not show: its prints while
+# the engine is built and a checkpoint loaded, and the device its import in deepy.py guessed.
 DEEPSPEED_PRINTS = ("SEED_LAYERS", "built successfully", "Max_MA", "CPU Virtual Memory",
-                    "bf16_optimizer", "_load_legacy_checkpoint")  # fmt: skip
+                    "bf16_optimizer", "_load_legacy_checkpoint",
+                    "Setting accelerator to CPU")  # fmt: skip
 
 
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):

@@ -1,7 +1,8 @@
 """`tools/convert_to_hf.py` on real checkpoint folders (written by `write_checkpoint`).
 
 - A model the target class cannot express (QK-norm) is refused by the command line with exit
-  status 2, the option named, and no output folder.
+  status 2, the option named, and no output folder; the message is all that is printed (on a
+  CPU machine DeepSpeed's import warned before it that it found no GPU).
 - `--verify` exits with status 1 when the exported weights do not reproduce ours: the export
   is corrupted on disk between the tool's export and its verification (the tool's own
   `export_hf` call, wrapped by the test), and 0 when they do.
@@ -64,6 +65,7 @@ def test_inexpressible_model_is_refused_by_the_command_line(tmp_path):
     )
     assert done.returncode == 2, done.stderr
     assert "GPTNeoXForCausalLM" in done.stderr and "use_qk_layernorm=True" in done.stderr
+    assert done.stdout == "" and done.stderr.startswith("convert_to_hf.py: "), done.stdout
     assert not out.exists()
 
 
