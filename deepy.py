@@ -202,7 +202,7 @@ def dry_run(args, cfg: Config, plan, findings) -> None:
     from megatron.planning.report import render, to_json
 
     planned = memory_plan(args, cfg, on_gpu_only=False)
-    resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg)}
+    resolved = {**cfg.to_dict(), "deepspeed_config": deepspeed_config(cfg, verbose=args.verbose)}
     if args.json:
         out = {"config": resolved, "launch": plan.display(),
                "preflight": [f.line() for f in findings],

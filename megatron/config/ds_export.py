@@ -21,6 +21,14 @@ PIPELINE_SP_SECTION = {"pipe_partitioned": False, "grad_partitioned": False}
 NO_THROUGHPUT_TIMER = {"throughput": {"enabled": False}}
 
 
+# DeepSpeed's own progress print every `steps_per_print` steps (the pipeline engine's `steps: 100
+# loss: 4.1234 iter time (s): ...`, the plain engine's `step=100, skipped=0, lr=...` INFO line)
+# says what our iteration line says, with another loss (the step's, not the interval's mean),
+# so it is shown only with `deepy.py --verbose`. DeepSpeed has no off switch (None fails in the
+# pipeline engine's `wall_clock_breakdown`): the interval is one that no run reaches.
+QUIET_STEPS_PER_PRINT = 2**63 - 1
+
+
 # bf16 at ZeRO 1 accumulates micro-batch gradients in fp32 on both engines: DeepSpeed 0.19 then
 # wraps the optimizer in its BF16_Optimizer on either (without this the plain engine's ZeRO
 # optimizer accumulated in bf16, and the same config trained differently at pipe_parallel_size 0
@@ -29,18 +37,20 @@ NO_THROUGHPUT_TIMER = {"throughput": {"enabled": False}}
 BF16_ZERO1_DATA_TYPES = {"grad_accum_dtype": "fp32"}
 
 
-def deepspeed_config(cfg: Config) -> dict[str, Any]:
+def deepspeed_config(cfg: Config, *, verbose: bool = False) -> dict[str, Any]:
     """Batch sizes, ZeRO, precision, clipping, logging, pass-through sections and extra args.
 
     No `optimizer` section: the trainer builds every optimizer itself (DeepSpeed 0.19 no longer
-    ships 1-bit Adam) and hands it to `deepspeed.initialize`."""
+    ships 1-bit Adam) and hands it to `deepspeed.initialize`. `verbose` (a worker started with
+    `deepy.py --verbose`): DeepSpeed prints its progress every `steps_per_print` steps, else
+    never (`QUIET_STEPS_PER_PRINT`)."""
     t, p, pr = cfg.training, cfg.parallel, cfg.precision
     ds: dict[str, Any] = {
         "train_batch_size": t.train_batch_size,
         "train_micro_batch_size_per_gpu": t.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": t.gradient_accumulation_steps,
         "gradient_clipping": cfg.optimizer.gradient_clipping,
-        "steps_per_print": cfg.logging.steps_per_print,
+        "steps_per_print": cfg.logging.steps_per_print if verbose else QUIET_STEPS_PER_PRINT,
         "wall_clock_breakdown": cfg.logging.wall_clock_breakdown,
         "zero_optimization": copy.deepcopy(p.zero_optimization or {"stage": 0}),
         "zero_allow_untested_optimizer": p.zero_allow_untested_optimizer,

@@ -58,15 +58,18 @@ def default_port_taken():
 
 BF16 = dict(precision="bfloat16", zero_optimization={"stage": 1}, distributed_backend="nccl")
 # What DeepSpeed prints or logs that the default console does not show: its prints while
-# the engine is built and a checkpoint loaded, and the device its import in deepy.py guessed.
+# the engine is built and a checkpoint loaded, the device its import in deepy.py guessed, its
+# progress line every `steps_per_print` steps (beside ours, with another loss).
 DEEPSPEED_PRINTS = ("SEED_LAYERS", "built successfully", "Max_MA", "CPU Virtual Memory",
                     "bf16_optimizer", "_load_legacy_checkpoint",
-                    "Setting accelerator to CPU")  # fmt: skip
+                    "Setting accelerator to CPU", "iter time (s)")  # fmt: skip
+# DeepSpeed's progress print at every step, if it printed at all
+CHATTY = dict(steps_per_print=1)
 
 
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
     folder = tmp_path / "run"
-    proc = deepy("train.py", run_config(folder, **BF16))
+    proc = deepy("train.py", run_config(folder, **BF16, **CHATTY))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO]" not in out and BUNDLE_FLAG not in out
@@ -92,12 +95,13 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
 
 
 def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
-    config = run_config(tmp_path / "run", train_iters=1, **BF16)
+    config = run_config(tmp_path / "run", train_iters=1, **BF16, **CHATTY)
     proc = deepy("train.py", config, "--verbose")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO] [runner.py" in out and "[INFO] [launch.py" in out
     assert BUNDLE_FLAG in out and "SEED_LAYERS" in out and "Max_MA" in out
+    assert "steps: 1 loss: " in out  # DeepSpeed's progress line, at steps_per_print
     assert "DeepSpeedEngine configuration" in out  # the engine's INFO lines on the worker
     assert "run summary" in out
 

@@ -21,7 +21,8 @@ class LoggingConfig:
     """Report metrics every this many iterations."""
 
     steps_per_print: int = 10
-    """DeepSpeed's own progress print interval."""
+    """DeepSpeed's own progress print interval, with `deepy.py --verbose` (our iteration line
+    every `log_interval` says the same)."""
 
     wall_clock_breakdown: bool = False
     """Time forward, backward, optimizer, data and pipeline communication separately."""

@@ -29,7 +29,7 @@ import copy
 import torch
 
 from megatron.checkpoint.folders import resume_tag
-from megatron.config.verbosity import quiet_deepspeed
+from megatron.config.verbosity import quiet_deepspeed, verbose_logging
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 
 
@@ -58,7 +58,8 @@ def build_reference(cfg, topology, objective):
     from megatron.config import deepspeed_config
     from megatron.training.setup.model import build_model_for_engine
 
-    ds_config = reference_ds_config(deepspeed_config(cfg), cfg.parallel.zero_stage)
+    ds = deepspeed_config(cfg, verbose=verbose_logging())
+    ds_config = reference_ds_config(ds, cfg.parallel.zero_stage)
     model = build_model_for_engine(cfg, topology, ds_config)
     for param in model.parameters():
         param.requires_grad_(False)

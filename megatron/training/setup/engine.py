@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from megatron.config.verbosity import quiet_deepspeed
+from megatron.config.verbosity import quiet_deepspeed, verbose_logging
 from megatron.training.optim import Distro, OneBitAdam
 from megatron.training.optim.lr.schedule import AnnealingLR, build_lr_scheduler
 from megatron.training.optim.optimizers import build_optimizer_from_config, check_parameter_shapes
@@ -63,7 +63,7 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     from megatron.config import deepspeed_config
     from megatron.parallel import model_parallel_seed
 
-    ds_config = deepspeed_config(cfg)
+    ds_config = deepspeed_config(cfg, verbose=verbose_logging())
     model = build_model_for_engine(cfg, topology, ds_config)
     if objective is not None:
         objective.install(model)
