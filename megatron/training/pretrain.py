@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.size import checkpoint_size
+from megatron.config.verbosity import verbose_logging
 from megatron.launcher.worker import initialize_distributed
 from megatron.parallel.random import seed_everything
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
@@ -78,12 +79,15 @@ def _resume(cfg, io: CheckpointIO, parts, guard) -> tuple[TrainState, dict | Non
 def _callbacks(cfg, *, monitor, loggers, evaluator, io, parts, guard, rank, train_iters) -> list:
     lg, model = cfg.logging, parts.model
     on_rank0 = rank == 0
+    timers = (
+        EngineTimers(parts.engine, verbose=verbose_logging()) if lg.wall_clock_breakdown else None
+    )
     return [
         LoggingCallback(
             monitor,
             loggers,
             lg.log_interval,
-            EngineTimers(parts.engine) if lg.wall_clock_breakdown else None,
+            timers,
             param_norms_of=model if lg.log_param_norm and on_rank0 else None,
             grad_norms=GradNormRecorder(model) if lg.log_grad_norm and on_rank0 else None,
         ),

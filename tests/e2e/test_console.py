@@ -9,6 +9,7 @@ another run holds 29500); and refusals before any worker starts: a missing optio
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -59,12 +60,13 @@ def default_port_taken():
 BF16 = dict(precision="bfloat16", zero_optimization={"stage": 1}, distributed_backend="nccl")
 # What DeepSpeed prints or logs that the default console does not show: its prints while
 # the engine is built and a checkpoint loaded, the device its import in deepy.py guessed, its
-# progress line every `steps_per_print` steps (beside ours, with another loss).
+# progress line every `steps_per_print` steps (beside ours, with another loss) and its
+# `wall_clock_breakdown` timers.
 DEEPSPEED_PRINTS = ("SEED_LAYERS", "built successfully", "Max_MA", "CPU Virtual Memory",
                     "bf16_optimizer", "_load_legacy_checkpoint",
-                    "Setting accelerator to CPU", "iter time (s)")  # fmt: skip
-# DeepSpeed's progress print at every step, if it printed at all
-CHATTY = dict(steps_per_print=1)
+                    "Setting accelerator to CPU", "iter time (s)", "time (ms)")  # fmt: skip
+# DeepSpeed's progress and timers at every step, if it printed them at all
+CHATTY = dict(steps_per_print=1, wall_clock_breakdown=True)
 
 
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
@@ -85,6 +87,9 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     assert "tokens: 512 in " in summary  # 4 steps × global batch 4 × 32 tokens
     assert f"checkpoint: {folder / 'ckpt' / 'global_step4'}" in summary
     assert f"logs: {folder / 'logs' / 'metrics.jsonl'}" in summary
+    records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").open()]
+    timed = [r for r in records if "split" not in r]  # wall_clock_breakdown's, as it was spent
+    assert all(r["time/fwd"] > 0 and r["time/train_batch"] > 0 for r in timed), timed
     port = int(out.split("master port ")[1].split()[0])
     assert port != 29500  # picked free, so it did not collide with the run holding 29500
     config = run_config(folder, train_iters=5, use_checkpoint_lr_scheduler=True, **BF16)
@@ -102,6 +107,7 @@ def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
     assert "[INFO] [runner.py" in out and "[INFO] [launch.py" in out
     assert BUNDLE_FLAG in out and "SEED_LAYERS" in out and "Max_MA" in out
     assert "steps: 1 loss: " in out  # DeepSpeed's progress line, at steps_per_print
+    assert "[Rank 0] time (ms) | batch_input: " in out  # its wall_clock_breakdown timers
     assert "DeepSpeedEngine configuration" in out  # the engine's INFO lines on the worker
     assert "run summary" in out
 

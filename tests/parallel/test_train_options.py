@@ -1,10 +1,13 @@
 """`pretrain` options on one or two gloo ranks: every optimizer and LR schedule trains a few
 steps, bf16 trains, keep_last_n_checkpoints prunes, finetune / no_load_optim / no_save_optim
 load and save what they should, train_epochs sets the length, and metrics.jsonl holds one
-record per log interval."""
+record per log interval, with `wall_clock_breakdown`'s timings that DeepSpeed no longer prints
+on the console (at every step on the plain engine)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 from pathlib import Path
@@ -40,8 +43,12 @@ def _pretrain_all(rank, world_size, runs):
 
     out = []
     for settings in runs:
-        result = pretrain(resolve(settings, world_size))
-        out.append({"losses": result.losses, "iteration": result.iteration})
+        console = io.StringIO()  # what the rank prints, DeepSpeed's prints included
+        with contextlib.redirect_stdout(console):
+            result = pretrain(resolve(settings, world_size))
+        out.append(
+            {"losses": result.losses, "iteration": result.iteration, "console": console.getvalue()}
+        )
     return out
 
 
@@ -108,8 +115,11 @@ def test_keep_last_n_finetune_no_load_or_save_optim_epochs_and_metrics(tmp_path)
     assert all(r["grad_norm"] > 0 and r["tokens_per_sec"] > 0 for r in train)
     for prefix in ("param_norm/", "grad_norm/", "time/"):  # log_*_norm, wall_clock_breakdown
         assert any(key.startswith(prefix) for key in train[-1]), prefix
-    # the time really spent, on both engines (the plain one resets its timers every step)
-    for run in ("keep", "no_save"):
+    # the time really spent, on both engines (the plain one resets its timers every step),
+    # and on the console only our iteration line (DeepSpeed's `time (ms)` lines with --verbose)
+    for i, run in ((0, "keep"), (4, "no_save")):
         lines = Path(tmp_path / run / "logs/metrics.jsonl").open()
         last = [r for r in map(json.loads, lines) if "split" not in r][-1]
         assert last.get("time/fwd", 0) > 0 and last.get("time/bwd", 0) > 0, (run, last)
+        console = results[i]["console"]
+        assert "iteration 3/" in console and "time (ms)" not in console, console[-3000:]

@@ -45,19 +45,26 @@ def _float(value) -> float | None:
 
 class EngineTimers:
     """DeepSpeed's `wall_clock_breakdown` timers (forward, backward, optimizer step, pipeline
-    send/receive, ...): ms spent in each since the last `collect()`.
+    send/receive, ...): ms spent in each since the last `collect()`, for the training record
+    (`time/*` in metrics.jsonl).
 
-    DeepSpeed's plain engine prints and resets them itself at every optimizer step
-    (`timers.log`), so reading them at our log interval alone gave zeros. The wrapper installed
-    on `engine.timers.log` adds up what each of those prints reads before the reset; `collect`
-    adds what DeepSpeed has not printed (the pipeline engine prints only every
-    `steps_per_print` steps) and starts the next interval."""
+    DeepSpeed prints them itself, `[Rank 0] time (ms) | fwd_microstep: ...` (`timers.log`: at
+    every optimizer step on the plain engine, every `steps_per_print` steps on the pipeline
+    engine), and resets them as it prints. With `verbose` (a worker of `deepy.py --verbose`) it
+    still does, and the wrapper installed on `engine.timers.log` adds up what each print reads
+    before the reset (read at our log interval alone, the plain engine's timers gave zeros).
+    Without, the wrapper prints and resets nothing: the console has our iteration line, and
+    `collect` reads each timer's whole interval at once. Either way `collect` adds what is
+    still in the timers and starts the next interval."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, *, verbose: bool):
         self.sums: dict[str, float] = {}
         self.timers = getattr(engine, "timers", None)
         if self.timers is None or not hasattr(self.timers, "get_timers"):
             self.timers = None
+            return
+        if not verbose:
+            self.timers.log = lambda *args, **kwargs: None  # kept for collect()
             return
         printed = self.timers.log
 
