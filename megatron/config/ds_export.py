@@ -29,6 +29,17 @@ NO_THROUGHPUT_TIMER = {"throughput": {"enabled": False}}
 QUIET_STEPS_PER_PRINT = 2**63 - 1
 
 
+# DeepSpeed's pipeline engine reduces the gradients after the last micro-batch's backward, never
+# during it: given `overlap_comm`, its ZeRO 1 optimizer warns "Pipeline parallelism does not
+# support overlapped communication, will be disabled." on every rank and turns it off, its bf16
+# optimizer ignores it (and ZeRO 2 and 3 are refused with it). Most GPT-NeoX configs set it with
+# pipe_parallel_size 1, so it is exported as what DeepSpeed does (a verbose worker says so).
+def pipeline_overlap_comm(cfg: Config) -> bool:
+    """Whether the config asks the pipeline engine for `overlap_comm`, which it never does."""
+    zero = cfg.parallel.zero_optimization or {}
+    return cfg.parallel.pipe_parallel_size >= 1 and bool(zero.get("overlap_comm"))
+
+
 # bf16 at ZeRO 1 accumulates micro-batch gradients in fp32 on both engines: DeepSpeed 0.19 then
 # wraps the optimizer in its BF16_Optimizer on either (without this the plain engine's ZeRO
 # optimizer accumulated in bf16, and the same config trained differently at pipe_parallel_size 0
@@ -55,6 +66,8 @@ def deepspeed_config(cfg: Config, *, verbose: bool = False) -> dict[str, Any]:
         "zero_optimization": copy.deepcopy(p.zero_optimization or {"stage": 0}),
         "zero_allow_untested_optimizer": p.zero_allow_untested_optimizer,
     }
+    if pipeline_overlap_comm(cfg):
+        ds["zero_optimization"]["overlap_comm"] = False
     if pr.dtype == "fp16":
         # GPT-NeoX's configs repeat `"fp16": true` inside the section, and some say a `type`;
         # DeeperSpeed ignored both (derive_precision warns of a type other than fp16),

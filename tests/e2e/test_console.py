@@ -100,7 +100,8 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
 
 
 def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
-    config = run_config(tmp_path / "run", train_iters=1, **BF16, **CHATTY)
+    overlap = {**BF16, "zero_optimization": {"stage": 1, "overlap_comm": True}}
+    config = run_config(tmp_path / "run", train_iters=1, **overlap, **CHATTY)
     proc = deepy("train.py", config, "--verbose")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -108,6 +109,7 @@ def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):
     assert BUNDLE_FLAG in out and "SEED_LAYERS" in out and "Max_MA" in out
     assert "steps: 1 loss: " in out  # DeepSpeed's progress line, at steps_per_print
     assert "[Rank 0] time (ms) | batch_input: " in out  # its wall_clock_breakdown timers
+    assert "zero_optimization.overlap_comm: off; DeepSpeed's pipeline engine" in out
     assert "DeepSpeedEngine configuration" in out  # the engine's INFO lines on the worker
     assert "run summary" in out
 

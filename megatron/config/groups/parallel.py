@@ -30,7 +30,9 @@ class ParallelConfig:
     `allgather_bucket_size`, `overlap_comm`, `offload_optimizer`, ...). With stage 3,
     `zero_hpz_partition_size: N` shards hybridly (ZeRO++ hpZ): after each forward pass every
     parameter is kept partitioned over groups of N consecutive ranks (a node's GPUs) and
-    replicated across the groups, so the backward pass gathers weights within a group only."""
+    replicated across the groups, so the backward pass gathers weights within a group only.
+    `overlap_comm` is passed as false to the pipeline engine (`pipe_parallel_size` >= 1),
+    which reduces the gradients after the backward, never during it."""
 
     zero_allow_untested_optimizer: bool = False
     """Allow ZeRO with an optimizer DeepSpeed has not tested with it."""

@@ -61,9 +61,15 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     import deepspeed
 
     from megatron.config import deepspeed_config
+    from megatron.config.ds_export import pipeline_overlap_comm
     from megatron.parallel import model_parallel_seed
 
     ds_config = deepspeed_config(cfg, verbose=verbose_logging())
+    if pipeline_overlap_comm(cfg):
+        log.info(
+            "zero_optimization.overlap_comm: off; DeepSpeed's pipeline engine reduces the "
+            "gradients after the backward, never during it"
+        )
     model = build_model_for_engine(cfg, topology, ds_config)
     if objective is not None:
         objective.install(model)

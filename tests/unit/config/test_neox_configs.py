@@ -74,6 +74,12 @@ def test_pythia_style_neox_config():
     from deepspeed.runtime.precision_config import get_float16_config
 
     assert get_float16_config(deepspeed_config(cfg)).initial_scale_power == 12
+    # Its overlap_comm, on the pipeline engine, which never overlaps the gradient reduction:
+    # DeepSpeed's fp16 ZeRO 1 optimizer warned on every rank that it disabled it. Passed as off.
+    assert cfg.parallel.zero_optimization["overlap_comm"] is True
+    assert deepspeed_config(cfg)["zero_optimization"]["overlap_comm"] is False
+    plain = cfg.replace(pipe_parallel_size=0)  # the plain engine overlaps it with the backward
+    assert deepspeed_config(plain)["zero_optimization"]["overlap_comm"] is True
 
 
 def test_fp16_section_with_a_type_trains_in_fp16_as_in_gpt_neox(tmp_path):
