@@ -81,6 +81,7 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     intervals = [line for line in out.splitlines() if line.startswith("iteration ")]
     assert [line.split(" | ")[0] for line in intervals] == [f"iteration {i}/4" for i in range(1, 5)]
     assert all(" | ETA " in line for line in intervals)
+    assert all(" TFLOP/s/rank | " in line for line in intervals)  # CPU ranks, not GPUs
     assert "valid at iteration 2 | loss" in out and "saved checkpoint global_step4" in out
     summary = out[out.index("run summary") :]
     assert "finished at iteration 4 of 4" in summary and "final loss: train " in summary

@@ -52,8 +52,9 @@ def test_console_line_has_every_figure():
         "ETA 1:02:05",
     ):
         assert part in line
-    plain = format_train_line(RECORD, 600)
+    plain = format_train_line(RECORD, 600, "rank")
     assert "MFU" not in plain and "loss scale" not in plain  # CPU fp32: none to show
+    assert "0.125 TFLOP/s/rank" in plain and "GPU" not in plain  # CPU ranks are no GPU
 
 
 class _Tty(io.StringIO):

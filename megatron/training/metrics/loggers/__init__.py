@@ -7,17 +7,21 @@ loggers.log_train(record); loggers.log_eval(record); loggers.close()
 
 from __future__ import annotations
 
+import torch
+
 from megatron.training.metrics.loggers.base import TRAIN_KEYS, LoggerGroup, MetricsLogger, scalars
 from megatron.training.metrics.loggers.console import ConsoleLogger, format_train_line
 from megatron.training.metrics.loggers.jsonl import JsonlLogger
 
 
 def build_loggers(cfg, rank: int, train_iters: int | None = None) -> LoggerGroup:
-    """The loggers `cfg.logging` asks for on global rank 0; an empty group elsewhere."""
+    """The loggers `cfg.logging` asks for on global rank 0; an empty group elsewhere. The
+    console's TFLOP/s are per GPU, or per rank on a machine without one (the ranks' device)."""
     if rank != 0:
         return LoggerGroup([])
     log = cfg.logging
-    loggers: list[MetricsLogger] = [ConsoleLogger(train_iters)]
+    device = "GPU" if torch.cuda.is_available() else "rank"
+    loggers: list[MetricsLogger] = [ConsoleLogger(train_iters, device=device)]
     if log.log_dir:
         loggers.append(JsonlLogger(log.log_dir))
     if log.tensorboard_dir:

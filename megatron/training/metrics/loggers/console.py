@@ -28,8 +28,11 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def format_train_line(record: dict[str, Any], train_iters: int | None) -> str:
-    """`iteration 20/600 | loss 4.1234 | lr 2.000E-03 | ...` from a training record."""
+def format_train_line(record: dict[str, Any], train_iters: int | None, device: str = "GPU") -> str:
+    """`iteration 20/600 | loss 4.1234 | lr 2.000E-03 | ...` from a training record.
+
+    `device` names what the TFLOP/s are per (the record's `tflops_per_gpu`, divided by the
+    world size): "GPU", or "rank" for CPU ranks, which are no GPU (and have no MFU)."""
     it = record["iteration"]
     total = f"/{train_iters}" if train_iters else ""
     parts = [
@@ -43,7 +46,7 @@ def format_train_line(record: dict[str, Any], train_iters: int | None) -> str:
     parts += [
         f"skipped {record.get('skipped', 0)}",
         f"{_num(record.get('tokens_per_sec'), ',.0f')} tokens/s",
-        f"{_num(record.get('tflops_per_gpu'), '.3f')} TFLOP/s/GPU",
+        f"{_num(record.get('tflops_per_gpu'), '.3f')} TFLOP/s/{device}",
     ]
     if record.get("mfu") is not None:
         parts.append(f"MFU {100 * record['mfu']:.1f}%")
@@ -56,10 +59,14 @@ def format_train_line(record: dict[str, Any], train_iters: int | None) -> str:
 
 
 class ConsoleLogger(MetricsLogger):
-    """Writes one line per record; prefixes a progress bar when `stream` is a terminal."""
+    """Writes one line per record; prefixes a progress bar when `stream` is a terminal.
+    `device`: see `format_train_line`."""
 
-    def __init__(self, train_iters: int | None = None, stream: TextIO | None = None):
+    def __init__(
+        self, train_iters: int | None = None, stream: TextIO | None = None, device: str = "GPU"
+    ):
         self.train_iters = train_iters
+        self.device = device
         self.stream = stream or sys.stdout
         isatty = getattr(self.stream, "isatty", None)
         self.tty = bool(isatty and isatty())
@@ -69,7 +76,7 @@ class ConsoleLogger(MetricsLogger):
         self.stream.flush()
 
     def log_train(self, record):
-        line = format_train_line(record, self.train_iters)
+        line = format_train_line(record, self.train_iters, self.device)
         if self.tty and self.train_iters:
             line = f"{progress_bar(record['iteration'], self.train_iters)} {line}"
         self._write(line)
