@@ -71,7 +71,7 @@ CHATTY = dict(steps_per_print=1, wall_clock_breakdown=True)
 
 def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port_taken):
     folder = tmp_path / "run"
-    proc = deepy("train.py", run_config(folder, **BF16, **CHATTY))
+    proc = deepy("train.py", run_config(folder, log_interval=2, **BF16, **CHATTY))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "[INFO]" not in out and BUNDLE_FLAG not in out
@@ -79,7 +79,10 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     assert "nccl needs CUDA" not in out and "; backend " in out  # the one in use, once
     assert "start-up report" in out
     intervals = [line for line in out.splitlines() if line.startswith("iteration ")]
-    assert [line.split(" | ")[0] for line in intervals] == [f"iteration {i}/4" for i in range(1, 5)]
+    assert [line.split(" | ")[0] for line in intervals] == ["iteration 2/4", "iteration 4/4"]
+    first = out.index("first step done in ")  # between the report and the first interval
+    assert out.index("start-up report") < first < out.index(intervals[0])
+    assert "(iteration 1 of 4); the next line comes at iteration 2, in about " in out[first:]
     assert all(" | ETA " in line for line in intervals)
     assert all(" TFLOP/s/rank | " in line for line in intervals)  # CPU ranks, not GPUs
     assert "valid at iteration 2 | loss" in out and "saved checkpoint global_step4" in out

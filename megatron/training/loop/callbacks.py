@@ -16,6 +16,7 @@ import torch.distributed as dist
 from megatron.checkpoint.folders import tag_for
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
 from megatron.training.checkpoint.policy import CheckpointPolicy, retire_temporaries
+from megatron.training.metrics.loggers.console import format_duration
 from megatron.training.metrics.norms import parameter_norms
 from megatron.training.step.loss_scaling import SkippedStepGuard, current_loss_scale
 
@@ -91,7 +92,13 @@ class EngineTimers:
 
 
 class LoggingCallback(Callback):
-    """A training record every `log_interval` iterations (TrainMonitor → loggers)."""
+    """A training record every `log_interval` iterations (TrainMonitor → loggers).
+
+    After the run's first step, unless it is logged anyway, a line says how long it took and
+    at which iteration the next line comes, and about when at that pace: the start-up report
+    was the last line until then, and with `log_interval: 20` on two CPU cores the next came
+    minutes later. A rough figure (the first step also warms up; a busy machine's pace
+    varies), but it says the run is alive and what to expect."""
 
     def __init__(
         self,
@@ -108,6 +115,10 @@ class LoggingCallback(Callback):
         self.timers = timers  # with wall_clock_breakdown
         self.param_norms_of = param_norms_of  # the model, with log_param_norm
         self.grad_norms = grad_norms  # a GradNormRecorder, with log_grad_norm
+        self.first_step = 1
+
+    def on_start(self, loop):
+        self.first_step = loop.state.iteration + 1
 
     def after_step(self, loop):
         extras = {  # router losses of MoE models, the objective's metrics (DPO, KTO, ...)
@@ -119,6 +130,18 @@ class LoggingCallback(Callback):
         self.monitor.step(loop.last_loss, loop.last_applied, extras, work)
         if loop.state.iteration % self.interval == 0:
             self._log(loop)
+        elif self.first_step == loop.state.iteration < loop.train_iters:
+            self._first_step_done(loop.state.iteration, loop.train_iters)
+
+    def _first_step_done(self, iteration: int, train_iters: int) -> None:
+        seconds = self.monitor.clock() - self.monitor.interval_start
+        following = min(train_iters, (iteration // self.interval + 1) * self.interval)
+        took = f"{seconds:.1f} s" if seconds < 60 else format_duration(seconds)
+        eta = format_duration(seconds * (following - iteration))
+        self.loggers.log_text(
+            f"first step done in {took} (iteration {iteration} of {train_iters}); the next "
+            f"line comes at iteration {following}, in about {eta} at that pace"
+        )
 
     def on_end(self, loop, stopped):
         if self.monitor.steps:

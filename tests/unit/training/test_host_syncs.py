@@ -106,15 +106,19 @@ class _Steps:
 
 class _Loggers:
     def __init__(self):
-        self.records = []
+        self.records, self.texts = [], []
 
     def log_train(self, record):
         self.records.append(record)
 
+    def log_text(self, text):
+        self.texts.append(text)
+
 
 def test_the_loop_reads_losses_only_when_it_logs():
     """With `log_interval` 4, steps 1-3 read nothing; step 4 reads its interval's four losses in
-    one transfer, and the run's result still holds every loss as a float."""
+    one transfer, and the run's result still holds every loss as a float. After step 1 a line
+    says when the next comes (the start-up report was the last one), reading nothing either."""
     from megatron.training.loop.callbacks import LoggingCallback
     from megatron.training.loop.train_loop import TrainLoop, TrainState
     from megatron.training.metrics.monitor import TrainMonitor
@@ -130,7 +134,9 @@ def test_the_loop_reads_losses_only_when_it_logs():
         def get_lr(self):
             return 1.0
 
-    monitor = TrainMonitor(8, 1.0, world_size=1, peak_tflops=None, train_iters=6)
+    ticks = iter(range(100))  # each clock read 10 s after the last
+    monitor = TrainMonitor(8, 1.0, world_size=1, peak_tflops=None, train_iters=6,
+                           clock=lambda: 10.0 * next(ticks))  # fmt: skip
     loggers = _Loggers()
     reads = []
 
@@ -151,3 +157,7 @@ def test_the_loop_reads_losses_only_when_it_logs():
     assert [r["loss"] for r in loggers.records] == [3.5, 6.5]  # steps 1-4, then 5-6 at the end
     assert loop.losses == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     assert stepping.count == 2  # the two records: the end has nothing left to read
+    assert loggers.texts == [
+        "first step done in 10.0 s (iteration 1 of 6); the next line comes at iteration 4, "
+        "in about 0:00:30 at that pace"
+    ]
