@@ -41,6 +41,7 @@ from megatron.training.metrics.report import (
     final_summary,
     layout_change_notice,
     run_layout,
+    run_start_record,
     startup_report,
 )
 from megatron.training.objectives import build_objective
@@ -200,6 +201,14 @@ def pretrain(cfg) -> TrainResult:
     started_at = state.iteration
     try:
         folder = loaded.get("folder") if loaded else None
+        start = run_start_record(
+            cfg,
+            started_at=started_at,
+            resumed_from=folder,
+            train_iters=train_iters,
+            world_size=topology.world_size,
+        )
+        loggers.log_run(start)
         _report(cfg, topology, loggers, work, train_iters, state, datasets, notice, folder)
         steps = engine_steps(engine, topology, objective, reference, curriculum)
         stop = StopRequest()  # its flag rides on the non-finite check's all-reduce

@@ -94,6 +94,10 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").open()]
     timed = [r for r in records if "split" not in r]  # wall_clock_breakdown's, as it was spent
     assert all(r["time/fwd"] > 0 and r["time/train_batch"] > 0 for r in timed), timed
+    start = records[0]  # the run's start, first
+    assert (start["split"], start["iteration"], start["train_iters"]) == ("run", 0, 4), start
+    assert start["resumed_from"] is None
+    assert start["config_files"] == [str(folder / "run.yml")] and start["run_id"], start
     port = int(out.split("master port ")[1].split()[0])
     assert port != 29500  # picked free, so it did not collide with the run holding 29500
     config = run_config(folder, train_iters=5, use_checkpoint_lr_scheduler=True, **BF16)
@@ -101,6 +105,13 @@ def test_default_console_is_quiet_and_ends_with_a_summary(tmp_path, default_port
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0 and "starting at 4" in out, out[-4000:]
     assert not [p for p in DEEPSPEED_PRINTS if p in out], out[-4000:]
+    records = [json.loads(line) for line in (folder / "logs" / "metrics.jsonl").open()]
+    starts = [(i, r) for i, r in enumerate(records) if r.get("split") == "run"]
+    assert [r["iteration"] for _, r in starts] == [0, 4]  # appended to, where it resumed
+    assert starts[1][1]["resumed_from"] == str(folder / "ckpt" / "global_step4")
+    assert starts[1][0] > starts[0][0] and starts[1][1]["run_id"] != start["run_id"]
+    trained = [r["iteration"] for r in records if "split" not in r]
+    assert trained == [2, 4, 5]  # what readers that take records without a split read
 
 
 def test_verbose_shows_deepspeed_and_the_worker_command(tmp_path):

@@ -1,7 +1,10 @@
 """The start-up report: model size and FLOPs, parallel layout, batch arithmetic, data sizes;
-the run summary."""
+the run's start record for metrics.jsonl; the run summary."""
 
 from __future__ import annotations
+
+import datetime
+import secrets
 
 from megatron.config.groups.parallel import hpz_partition_size
 from megatron.training.metrics.flops import StepWork, peak_description
@@ -114,6 +117,26 @@ def _validation_line(t, valid_samples: int | None) -> list[str]:
         f"  validation: every {t.eval_interval} iterations, {t.eval_iters} batches × "
         f"{t.train_batch_size} = {t.eval_iters * t.train_batch_size:,} samples, {each}"
     ]
+
+
+def run_start_record(
+    cfg, *, started_at: int, resumed_from: str | None, train_iters: int, world_size: int
+) -> dict:
+    """The record a run writes first to metrics.jsonl (`loggers/jsonl.py` says why): where it
+    starts (`iteration`, 0 unless resumed, and `resumed_from`, the checkpoint folder or None),
+    an id of its own (start time and a random suffix: two runs may start in one second), the
+    start time with its UTC offset, the length, the world size and the config files."""
+    now = datetime.datetime.now().astimezone()
+    return {
+        "split": "run",
+        "iteration": started_at,
+        "resumed_from": resumed_from,
+        "run_id": f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}",
+        "start_time": now.isoformat(timespec="seconds"),
+        "train_iters": train_iters,
+        "world_size": world_size,
+        "config_files": list(cfg.config_files),
+    }
 
 
 def _flops_per_token(work: StepWork) -> str:

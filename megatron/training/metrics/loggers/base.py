@@ -4,9 +4,10 @@ A training record is one dict per log interval with the keys of `TRAIN_KEYS` (th
 `metrics.jsonl`, see docs/architecture.md); optional figures (`eta_s`, `time/*` timers,
 `max_memory_allocated_gib` on a GPU: the peak the process's allocator has held since it began,
 `grad_norm/*` and `param_norm/*` per parameter) may be added. An evaluation record is
-`{"iteration", "split", "loss", "perplexity"}` with `split` "valid" or "test". Scalar names
-for TensorBoard and wandb are `"{split}/{key}"` (`train/loss`, `valid/perplexity`), the same in
-both.
+`{"iteration", "split", "loss", "perplexity"}` with `split` "valid" or "test". A run's start
+record (`log_run`, see `megatron/training/metrics/report.py::run_start_record`) has `split`
+"run". Scalar names for TensorBoard and wandb are `"{split}/{key}"` (`train/loss`,
+`valid/perplexity`), the same in both.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class MetricsLogger:
     def log_text(self, text: str) -> None:
         """A free-form message (start-up report, notices)."""
 
+    def log_run(self, record: dict[str, Any]) -> None:
+        """The start of a run (a file that several runs append to needs it; see `jsonl.py`)."""
+
     def close(self) -> None:
         """Flush and release resources."""
 
@@ -72,6 +76,10 @@ class LoggerGroup(MetricsLogger):
     def log_text(self, text):
         for logger in self.loggers:
             logger.log_text(text)
+
+    def log_run(self, record):
+        for logger in self.loggers:
+            logger.log_run(record)
 
     def close(self):
         for logger in self.loggers:
