@@ -9,7 +9,10 @@ megatron/launcher/launch.py) and, on every worker, those of the engine and what 
 The flag travels on the worker command line after the config bundle (`VERBOSE_FLAG`), the one
 channel that reaches workers under every launcher. `setup_worker_logging(argv)`, at the top of
 train.py, generate.py and eval.py, sets the root logger's level from it; `quiet_deepspeed()`
-and `sync_deepspeed_logger()` follow that level. Neither torch nor DeepSpeed is imported here.
+and `sync_deepspeed_logger()` follow that level, and so does what DeepSpeed prints while it
+trains: its progress line every `steps_per_print` steps (the exported config's,
+megatron/config/ds_export.py) and its `wall_clock_breakdown` timers (`EngineTimers`,
+megatron/training/loop/callbacks.py). Neither torch nor DeepSpeed is imported here.
 """
 
 from __future__ import annotations

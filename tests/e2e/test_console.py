@@ -1,11 +1,14 @@
 """What a person sees, through `deepy.py` on CPU ranks: a quiet console by default (our report,
-one line per log interval with ETA, evaluations, checkpoints, a final summary; no DeepSpeed INFO
-lines or prints, no warning that it guessed the device, no config bundle), also for a bf16 run
+a line after the first step saying when the next comes, one line per log interval with ETA and
+TFLOP/s per rank, evaluations, checkpoints, a final summary; no DeepSpeed INFO lines or prints,
+not even with `steps_per_print: 1` and `wall_clock_breakdown` (whose timings reach
+metrics.jsonl), no warning that it guessed the device, no config bundle), also for a bf16 run
 and its resume (DeepSpeed's bf16 optimizer prints its memory use as it is built, its loader
-`_load_legacy_checkpoint`) and for GPT-NeoX's `distributed_backend: nccl` on a machine without
-a GPU; everything with `--verbose`; a free rendezvous port when the config sets none (while
-another run holds 29500); and refusals before any worker starts: a missing optional package
-(with the pip command) and a `master_port` that is taken."""
+`_load_legacy_checkpoint`), which leave a start record each in the metrics.jsonl they share,
+and for GPT-NeoX's `distributed_backend: nccl` on a machine without a GPU; everything with
+`--verbose`; a free rendezvous port when the config sets none (while another run holds 29500);
+and refusals before any worker starts: a missing optional package (with the pip command) and a
+`master_port` that is taken."""
 
 from __future__ import annotations
 
