@@ -63,7 +63,9 @@ def test_wrong_model_and_no_room_are_refused_before_launch(tmp_path):
     proc = deepy(tmp_path, load=str(old), hidden_size=65536, save=str(tmp_path / "new"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "pre-flight found 2 problem(s)" in proc.stderr
-    assert f"load: {folder} was saved with hidden_size 64, the config says 65536" in proc.stderr
+    # a training run's load folder of another model: the run's own folder comes first
+    assert f"load: {old} holds a run of another model" in proc.stderr
+    assert f"({folder}: hidden_size 64, the config says 65536;" in proc.stderr
     assert f"free under '{tmp_path / 'new'}'" in proc.stderr
     assert "not even one checkpoint fits" in proc.stderr
     assert no_worker_started(proc, tmp_path)
