@@ -1,9 +1,11 @@
-"""RWKV-6 layers against GPT-NeoX's definition written out here, one token at a time.
+"""RWKV-6 layers against GPT-NeoX's code, read as it is.
 
-The references below are written from GPT-NeoX's `megatron/model/rwkv/v6` (its CUDA kernel's
-per-token loop and its `RWKV_TimeMix` / `RWKV_ChannelMix` / `RWKVResidualLayer` formulas), in
-float64, one token after the other with an explicit per-head state and Python loops over the
-initial values: nothing of `megatron/model/rwkv*.py` is used but the parameters it built. Our
+The references below transcribe GPT-NeoX's `megatron/model/rwkv/v6`: its CUDA kernel's
+per-thread loop over tokens, `RWKV_TimeMix` / `RWKV_ChannelMix` / `RWKVResidualLayer.forward`
+with their own ops (`ZeroPad2d` time shift, `bmm` LoRA, GroupNorm over (B*T, C)) on the
+(B, T, C) input they unpack, in float64, and its initial values with its per-channel loops:
+nothing of `megatron/model/rwkv*.py` is used but the parameters it built. Where GPT-NeoX's
+pipeline feeds that code (s, b, h), the test shows the batch-axis shift we depart from. Our
 layers compute in chunks (`megatron/model/rwkv_wkv.py`); run token by token from their own
 state they must give the same as run whole.
 """
@@ -104,57 +106,77 @@ def test_initial_values_are_neox_formulas():
         torch.testing.assert_close(layer.ffn.time_maa_k, layer.att.time_maa_k)
 
 
-def reference_layer(layer, x):
-    """GPT-NeoX's `RWKVResidualLayer.forward` one token at a time, float64, from `layer`'s
-    parameters; `x (B, T, C)`."""
-    p = {name: t.detach().double() for name, t in layer.named_parameters()}
-    b, t, c = x.shape
-    x = x.double()
-    heads, size = p["att.time_faaaa"].shape
+def neox_wkv_kernel(b, t, c, h, r, k, v, w, u):
+    """GPT-NeoX's `wkv6_cuda.cu` forward as it runs: tensors flat in (B, T, C); block (b, h),
+    thread i (a value channel) keeps state[j] over the head's key channels and walks its
+    tokens, y = sum_j r_j (u_j k_j v_i + state_j), state_j = state_j exp(ew_j) + k_j v_i,
+    with `ew = -exp(w)` from `WKV.forward`. Float64, one token at a time."""
+    n = c // h
+    r, k, v, u = r.reshape(-1), k.reshape(-1), v.reshape(-1), u.reshape(-1)
+    ew = -torch.exp(w.reshape(-1))
+    y = torch.zeros(b * t * c, dtype=torch.float64)
+    for block in range(b * h):
+        bi, hi = block // h, block % h
+        uh = u[hi * n : (hi + 1) * n]
+        for i in range(n):
+            state = torch.zeros(n, dtype=torch.float64)
+            for pos in range(bi * t * c + hi * n + i, (bi + 1) * t * c + hi * n + i, c):
+                head = slice(pos - i, pos - i + n)
+                x = k[head] * v[pos]
+                y[pos] = (r[head] * (uh * x + state)).sum()
+                state = state * torch.exp(ew[head]) + x
+    return y.view(b, t, c)
 
-    def layer_norm(z, name):
+
+def neox_layer(p, x, layer_number):
+    """GPT-NeoX's `RWKVResidualLayer.forward(x)` (`megatron/model/rwkv/v6/rwkv.py`) read as it
+    is, on `x` of the shape it unpacks, (B, T, C): `time_shift = nn.ZeroPad2d((0, 0, 1, -1))`
+    over dim -2, the 5-way LoRA through `bmm`, `RUN_CUDA_RWKV` (`neox_wkv_kernel`) and
+    `ln_x` as a GroupNorm over (B*T, C), from the parameters `p` (our names are its names)."""
+    b, t, c = x.size()
+    heads = p["att.time_faaaa"].shape[0]
+    shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def ln(z, name):
         return torch.nn.functional.layer_norm(z, (c,), p[f"{name}.weight"], p[f"{name}.bias"])
 
-    if layer.layer_index == 0:
-        x = layer_norm(x, "ln1")
-    prev_att = torch.zeros(b, c, dtype=torch.float64)
-    prev_ffn = torch.zeros(b, c, dtype=torch.float64)
-    state = torch.zeros(b, heads, size, size, dtype=torch.float64)
-    out = []
-    for ti in range(t):
-        xt = x[:, ti]
-        a_in = layer_norm(xt, "ln1")
-        xx = prev_att - a_in
-        prev_att = a_in
-        lora = torch.tanh((a_in + xx * p["att.time_maa_x"][0, 0]) @ p["att.time_maa_w1"])
-        mixes = [lora[:, 32 * j : 32 * (j + 1)] @ p["att.time_maa_w2"][j] for j in range(5)]
-        mixed = {}
-        for j, name in enumerate("wkvrg"):
-            mixed[name] = a_in + xx * (p[f"att.time_maa_{name}"][0, 0] + mixes[j])
-        r = (mixed["r"] @ p["att.receptance.weight"].T).view(b, heads, size)
-        k = (mixed["k"] @ p["att.key.weight"].T).view(b, heads, size)
-        v = (mixed["v"] @ p["att.value.weight"].T).view(b, heads, size)
-        g = torch.nn.functional.silu(mixed["g"] @ p["att.gate.weight"].T)
-        decay = torch.tanh(mixed["w"] @ p["att.time_decay_w1"]) @ p["att.time_decay_w2"]
-        w = torch.exp(-torch.exp(p["att.time_decay"][0, 0] + decay)).view(b, heads, size)
-        y = torch.zeros(b, heads, size, dtype=torch.float64)
-        for bi in range(b):
-            for hi in range(heads):
-                kv = torch.outer(k[bi, hi], v[bi, hi])
-                bonus = p["att.time_faaaa"][hi][:, None] * kv
-                y[bi, hi] = r[bi, hi] @ (bonus + state[bi, hi])
-                state[bi, hi] = w[bi, hi][:, None] * state[bi, hi] + kv
+    def linear(z, name):
+        return z @ p[f"{name}.weight"].T
+
+    def time_mix(x):
+        xx = shift(x) - x
+        xxx = x + xx * p["att.time_maa_x"]
+        xxx = torch.tanh(xxx @ p["att.time_maa_w1"]).view(b * t, 5, -1).transpose(0, 1)
+        xxx = torch.bmm(xxx, p["att.time_maa_w2"]).view(5, b, t, -1)
+        mw, mk, mv, mr, mg = xxx.unbind(dim=0)
+        xw = x + xx * (p["att.time_maa_w"] + mw)
+        xk = x + xx * (p["att.time_maa_k"] + mk)
+        xv = x + xx * (p["att.time_maa_v"] + mv)
+        xr = x + xx * (p["att.time_maa_r"] + mr)
+        xg = x + xx * (p["att.time_maa_g"] + mg)
+        r, k, v = linear(xr, "att.receptance"), linear(xk, "att.key"), linear(xv, "att.value")
+        g = torch.nn.functional.silu(linear(xg, "att.gate"))
+        w = p["att.time_decay"] + torch.tanh(xw @ p["att.time_decay_w1"]) @ p["att.time_decay_w2"]
+        y = neox_wkv_kernel(b, t, c, heads, r, k, v, w, p["att.time_faaaa"])
         y = torch.nn.functional.group_norm(
-            y.reshape(b, heads * size), heads, p["att.ln_x.weight"], p["att.ln_x.bias"], 64e-5
+            y.view(b * t, c), heads, p["att.ln_x.weight"], p["att.ln_x.bias"], 1e-5 * 8**2
         )
-        xt = xt + (y * g) @ p["att.output.weight"].T
-        f_in = layer_norm(xt, "ln2")
-        xx = prev_ffn - f_in
-        prev_ffn = f_in
-        key = torch.relu((f_in + xx * p["ffn.time_maa_k"][0, 0]) @ p["ffn.key.weight"].T) ** 2
-        gate = torch.sigmoid((f_in + xx * p["ffn.time_maa_r"][0, 0]) @ p["ffn.receptance.weight"].T)
-        out.append(xt + gate * (key @ p["ffn.value.weight"].T))
-    return torch.stack(out, dim=1)
+        return linear(y.view(b, t, c) * g, "att.output")
+
+    def channel_mix(x):
+        xx = shift(x) - x
+        key = torch.relu(linear(x + xx * p["ffn.time_maa_k"], "ffn.key")) ** 2
+        gate = torch.sigmoid(linear(x + xx * p["ffn.time_maa_r"], "ffn.receptance"))
+        return gate * linear(key, "ffn.value")
+
+    if layer_number == 0:
+        x = ln(x, "ln1")
+    x = x + time_mix(ln(x, "ln1"))
+    return x + channel_mix(ln(x, "ln2"))
+
+
+def neox_parameters(layer):
+    return {name: t.detach().double() for name, t in layer.named_parameters()}
 
 
 def _trained_looking(layer):
@@ -166,15 +188,39 @@ def _trained_looking(layer):
     return layer
 
 
-@pytest.mark.parametrize("index", [0, 2])
-def test_layer_equals_neox_definition_token_by_token(index):
+def _layer_and_input(index, b=2, t=19):
     args = neox_args(num_layers=3, layer_attention_types=("rwkv",) * 3, intermediate_size=64)
     torch.manual_seed(0)
     layer = _trained_looking(RWKVTransformerLayer(args, index)).double()
-    x = torch.randn(2, 19, args.hidden_size, generator=torch.Generator().manual_seed(3))
-    hidden, _ = layer((x.double().transpose(0, 1), torch.arange(19).expand(2, 19)))
-    reference = reference_layer(layer, x)
-    torch.testing.assert_close(hidden.transpose(0, 1), reference, rtol=1e-9, atol=1e-9)
+    x = torch.randn(b, t, args.hidden_size, generator=torch.Generator().manual_seed(3))
+    return layer, x.double()
+
+
+def ours(layer, x_sbh):
+    """Our layer on the (s, b, h) hidden states the pipeline carries."""
+    positions = torch.arange(x_sbh.shape[0]).expand(x_sbh.shape[1], -1)
+    return layer((x_sbh, positions))[0]
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_layer_equals_neox_code_over_the_time_axis(index):
+    # GPT-NeoX's layer on (B, T, C), as its forward unpacks it; ours on the same tokens (T, B, C)
+    layer, x = _layer_and_input(index)
+    expected = neox_layer(neox_parameters(layer), x, index)
+    torch.testing.assert_close(ours(layer, x.transpose(0, 1)).transpose(0, 1), expected)
+
+
+def test_neox_pipeline_shifts_over_the_batch_axis():
+    """The departure the README lists: GPT-NeoX's `_pre_transformer_block` hands its layers
+    (s, b, h) and `RWKVResidualLayerPipe` passes that to a forward reading (B, T, C), so its
+    token shift mixes sample i with sample i-1 at one position. Ours shifts over time."""
+    layer, x = _layer_and_input(1)
+    x_sbh = x.transpose(0, 1).contiguous()
+    neox_in_its_pipeline = neox_layer(neox_parameters(layer), x_sbh, 1)
+    assert not torch.allclose(ours(layer, x_sbh), neox_in_its_pipeline, rtol=1e-3, atol=1e-3)
+    # what it computes is ours with the batch taken for time and the positions for samples
+    batch_for_time = ours(layer, x).transpose(0, 1)
+    torch.testing.assert_close(neox_in_its_pipeline, batch_for_time)
 
 
 def test_state_form_equals_the_whole_sequence():
