@@ -20,7 +20,8 @@ pipeline stage will hold against the GPU's memory, and a step-time estimate
 (a GPU found here, or `plan_gpu`/`gpu_memory_gib` set) a plan that does not fit is a warning
 with the smallest change that would.
 
-The resolved config travels to every worker as one shell-safe bundle argument; the DeepSpeed
+The resolved config travels to every worker as one shell-safe bundle argument (a large one, muP's
+base shapes of a deep model, in a file the launch writes in `.megatron_launch/`); the DeepSpeed
 runner starts the workers (locally, or through pdsh, OpenMPI/MPICH/MVAPICH or SLURM's srun).
 The console shows our own lines, warnings and errors; `--verbose` adds DeepSpeed's INFO lines.
 """
@@ -36,7 +37,7 @@ import os
 import sys
 
 from megatron.config import Config, ConfigError, deepspeed_config, encode_bundle
-from megatron.config.bundle import BUNDLE_FLAG
+from megatron.config.bundle import BUNDLE_FILE_FLAG, BUNDLE_FLAG, INLINE_LIMIT, bundle_json
 from megatron.config.resolve import (
     is_training_script,
     load_settings,
@@ -218,6 +219,17 @@ def dry_run(args, cfg: Config, plan, findings) -> None:
         print("memory plan: none (the tokenizer did not load; its vocabulary sizes the model)")
 
 
+def bundle_args(cfg: Config) -> list:
+    """The config bundle on the command line, or, when longer than `INLINE_LIMIT`, in a file
+    the launch writes and deletes (every launcher: the workers' arguments are the same)."""
+    from megatron.launcher import StagedFile
+
+    bundle = encode_bundle(cfg)
+    if len(bundle) <= INLINE_LIMIT:
+        return [BUNDLE_FLAG, bundle]
+    return [BUNDLE_FILE_FLAG, StagedFile("config-", bundle_json(cfg))]
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
@@ -235,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     findings = preflight(cfg, args.script)
     from megatron.launcher import prepare_launch, run_launch
 
-    user_args = [BUNDLE_FLAG, encode_bundle(cfg)]
+    user_args = bundle_args(cfg)
     with prepare_launch(
         cfg.launcher, args.script, user_args, verbose=args.verbose, collect_errors=True
     ) as plan:

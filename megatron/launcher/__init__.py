@@ -5,6 +5,7 @@ Launcher side (`deepy.py`):
 * `prepare_launch(cfg.launcher, script, user_args)`: context manager giving a `LaunchPlan`
   (`argv`, `env`, `world_size`, `display()`, `describe()`), with secrets kept off every
   command line; `run_launch(plan)` runs it; `verbose=True` shows DeepSpeed's INFO lines.
+  A `StagedFile` argument (a large config bundle) reaches the workers as a file's path.
 * `build_runner_argv(cfg.launcher, script, user_args)`: just the runner command line.
 * `planned_world_size(cfg.launcher)`: how many workers the launch starts.
 * `no_ssh: true` (`nossh.py`): every node runs deepy.py; `plan_resources` reads this node's
@@ -34,7 +35,7 @@ from megatron.launcher.environment import (
 )
 from megatron.launcher.errors import HostfileError, LauncherError, WorkerEnvironmentError
 from megatron.launcher.hostfile import parse_hostfile_text, parse_resource_filter, read_hostfile
-from megatron.launcher.launch import LaunchPlan, prepare_launch, run_launch
+from megatron.launcher.launch import LaunchPlan, StagedFile, prepare_launch, run_launch
 from megatron.launcher.nodelist import expand_slurm_nodelist, expand_slurm_tasks_per_node
 from megatron.launcher.plan import LaunchResources, plan_resources, planned_world_size
 from megatron.launcher.runner import build_runner_argv
@@ -54,6 +55,7 @@ __all__ = [
     "DistributedEnv",
     "HostfileError",
     "LaunchPlan",
+    "StagedFile",
     "LaunchResources",
     "LauncherError",
     "LauncherSettings",

@@ -66,6 +66,17 @@ from megatron.launcher.secrets import (
 DEFAULT_LAUNCH_DIR = ".megatron_launch"
 
 
+@dataclass(frozen=True)
+class StagedFile:
+    """A worker argument too long for a command line (Linux takes at most 128 KiB in one
+    argument, and pdsh and srun carry the whole command through a remote shell): `prepare_launch`
+    writes `text` to a private file in the launch folder, which every node sees, passes its path
+    in its place and deletes it when the launch ends."""
+
+    prefix: str
+    text: str = field(repr=False)
+
+
 @dataclass
 class LaunchPlan:
     """A ready launch: run `argv` with `env` (e.g. `run_launch(plan)`)."""
@@ -112,7 +123,7 @@ class LaunchPlan:
 def prepare_launch(
     launcher: object,
     script: str,
-    user_args: Sequence[str],
+    user_args: Sequence[str | StagedFile],
     *,
     environ: Mapping[str, str] | None = None,
     python: str = sys.executable,
@@ -126,7 +137,8 @@ def prepare_launch(
 
     Args:
         launcher: `cfg.launcher` (see `build_runner_argv` for the keys).
-        script, user_args: the worker script and its arguments (e.g. the config bundle).
+        script, user_args: the worker script and its arguments (e.g. the config bundle); a
+            `StagedFile` among them is written under `launch_dir` and passed as its path.
         environ: the environment to start from (default `os.environ`); not modified.
         python: interpreter for the runner.
         launch_dir: where a multi-node launch writes its secrets file (and a hostfile made
@@ -174,7 +186,8 @@ def prepare_launch(
             env.setdefault("DS_ACCELERATOR", "cpu")
         if collect_errors and _sees_worker_files(launcher, resources):
             errors_dir = _make_private_dir(directory, "errors-")
-        worker_args = [*user_args, *([ERRORS_DIR_FLAG, errors_dir] if errors_dir else [])]
+        worker_args = [_staged(a, directory, staged) for a in user_args]
+        worker_args += [ERRORS_DIR_FLAG, errors_dir] if errors_dir else []
         argv = runner_argv_for_plan(
             resources,
             script,
@@ -211,6 +224,13 @@ def _make_private_dir(directory: str, prefix: str) -> str:
     """A new folder only this user can read; return its absolute path."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     return os.path.abspath(tempfile.mkdtemp(prefix=prefix, dir=directory))
+
+
+def _staged(arg: str | StagedFile, directory: str, staged: list[str]) -> str:
+    if not isinstance(arg, StagedFile):
+        return arg
+    staged.append(_write_private(directory, arg.prefix, arg.text))
+    return staged[-1]
 
 
 def _write_private(directory: str, prefix: str, text: str) -> str:

@@ -164,3 +164,18 @@ def test_mup_base_shapes_then_training_at_base_and_wider_width(tmp_path):
         groups = torch.load(saved, weights_only=False)["optimizer"]["param_groups"]
         rates = {g["lr"] for g in groups}
         assert max(rates) / min(rates) == pytest.approx(width / 64), (name, groups)
+
+
+def test_an_80_layer_mup_run_gets_its_config_through_a_file(tmp_path):
+    """muP's base shapes at 80 layers make the bundle too long for the command line: the
+    launch passes it in a file in `.megatron_launch/` (`deepy.py::bundle_args`), the worker
+    trains from it, and the file is gone when the run ends."""
+    pytest.importorskip("mup")
+    shapes = tmp_path / "base-shapes.yml"
+    keys = dict(use_mup=True, base_shapes_file=str(shapes), num_layers=80, train_iters=2)
+    _run(tmp_path / "base", save_base_shapes=True, **keys)
+    assert len(yaml.safe_load(shapes.read_text())) > 80 * 4
+    folder = tmp_path / "run"
+    out = _run(folder, eval_interval=2, save=None, load=None, **keys)
+    assert sorted(_train_losses(folder)) == [1, 2], out[-3000:]
+    assert not list((REPO / ".megatron_launch").glob("config-*"))
