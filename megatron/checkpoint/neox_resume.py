@@ -81,6 +81,21 @@ def neox_trainer_state(folder: Path, train_batch_size: int) -> dict:
     }
 
 
+def saved_batch_size(folder: Path) -> int:
+    """The global batch (samples per iteration) of the run that saved `folder`, from DeepSpeed's
+    record of its config (`ds_config`) in the engine-state file: what GPT-NeoX's loader would
+    count its consumed samples by, had it resumed at that batch."""
+    path = engine_state_file(folder)
+    batch = (load_file(path, mmap=True).get("ds_config") or {}).get("train_batch_size")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(
+            f"{path} records no train_batch_size in DeepSpeed's ds_config entry (found "
+            f"{batch!r}), so the samples its run consumed are unknown; resume the folder with "
+            "train.py at the layout it was saved at, which counts iteration x train_batch_size"
+        )
+    return batch
+
+
 def saved_groups(state: dict, tied: bool) -> list[list[str]] | list[int] | None:
     """The parameter groups of one engine-state file's optimizer state: names per group where
     DeepSpeed recorded them (`param_shapes`, under ZeRO and its bf16 optimizer), in our names

@@ -30,6 +30,11 @@ from megatron.checkpoint.experts import (
 )
 from megatron.checkpoint.model_files import has_old_numbering, old_layer_files, old_to_current
 from megatron.checkpoint.neox_layout import from_sequential, is_sequential
+from megatron.checkpoint.neox_resume import (
+    is_neox_checkpoint,
+    neox_trainer_state,
+    saved_batch_size,
+)
 from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loading
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
@@ -114,8 +119,15 @@ class CheckpointReader:
         return state
 
     def trainer_state(self) -> dict | None:
+        """Our `trainer_state.pt`; from a folder GPT-NeoX saved, what it would hold (iteration,
+        LR schedule, and the samples consumed at the saved global batch: `neox_resume.py`);
+        None when the folder holds neither."""
         path = self.layout.trainer_state_file
-        return load_file(path) if path.is_file() else None
+        if path.is_file():
+            return load_file(path)
+        if is_neox_checkpoint(self.folder):
+            return neox_trainer_state(self.folder, saved_batch_size(self.folder))
+        return None
 
     def _plain_shards(self) -> list[dict]:
         if self._plain_modules is None:
