@@ -14,6 +14,8 @@ Iteration, consumed samples, skipped-step counters and the LR schedule carry ove
 `load: {output}`, the new model_parallel_size / pipe_parallel_size / number of ranks, and
 that zero_optimization stage. `--expert-parallel-size` converts a Mixture-of-Experts
 checkpoint to another moe_expert_parallel_size (ZeRO stage 0), weights and optimizer state.
+A folder GPT-NeoX saved holds no config.json: give its run's config files with `--config`
+(iteration, LR schedule and consumed samples then come from GPT-NeoX's entries).
 (Why an offline tool, and DeepSpeed's universal checkpoint's limits for our checkpoints:
 `megatron/checkpoint_tools/reshard.py`.)
 """
@@ -30,7 +32,7 @@ from megatron.kernels.deepspeed_ops import choose_accelerator  # noqa: E402
 
 choose_accelerator()  # before the imports below import DeepSpeed: it need not guess
 
-from megatron.checkpoint_tools import reshard_checkpoint  # noqa: E402
+from megatron.checkpoint_tools import config_from_files, reshard_checkpoint  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
 
 
@@ -58,6 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="moe_expert_parallel_size of the run that resumes it (default: the source's)",
     )
+    p.add_argument(
+        "--config",
+        nargs="*",
+        default=[],
+        help="config files of the run that saved it (default: its config.json; GPT-NeoX's "
+        "folders have none)",
+    )
     p.add_argument("--no-optimizer", action="store_true", help="drop the optimizer state")
     p.add_argument("--overwrite", action="store_true", help="replace an existing global_stepN")
     return p.parse_args(argv)
@@ -74,6 +83,7 @@ def main(argv=None) -> int:
         overwrite=args.overwrite,
         zero_stage=args.zero_stage,
         ep=args.expert_parallel_size,
+        cfg=config_from_files(args.config) if args.config else None,
     )
     print(result.report())
     return 0

@@ -12,7 +12,10 @@ embedding included (`sequential.0.word_embeddings.weight`). Our plain model name
 tensors as the pipeline module does (`{index}.{name}`, `tied_modules.embed.{name}`), so the
 `module` entry is written in GPT-NeoX's names (`to_sequential`) and read back from them
 (`from_sequential`), by the engine (`megatron/training/checkpoint/checkpoint_io.py`) and by the
-checkpoint tools alike.
+checkpoint tools alike. Where DeepSpeed saves names alone (`param_shapes`, which name the ZeRO
+partitions and the optimizer groups), `our_param_name` reads one of GPT-NeoX's: the resume's
+check of its groups (`neox_resume.py`) and the checkpoint tools' reading of its ZeRO state
+(`CheckpointReader.current_name`) both use it.
 
 GPT-NeoX's loader also reads two entries of each `mp_rank` file that DeepSpeed does not write:
 `iteration` and `args` (`neox_entries`), and, unless the run loads no RNG state, its RNG
@@ -27,6 +30,7 @@ import json
 import math
 
 from megatron.config.groups.model import recorded_intermediate_size
+from megatron.model.neox_names import our_name
 from megatron.model.specs import EMBED_KEY
 
 SEQUENTIAL = "sequential."
@@ -55,6 +59,16 @@ def from_sequential(module: dict, tied: bool) -> dict:
             ours = TIED + ours[2:]
         out[ours] = value
     return out
+
+
+def our_param_name(name: str, tied: bool) -> str:
+    """A parameter's name as an engine of GPT-NeoX's records it (DeepSpeed's `param_shapes`,
+    which name the ZeRO partitions: the plain engine's sequential names, GPT-NeoX's tensor
+    names, `megatron/model/neox_names.py::our_name`) as ours names it (`tied`: the model ties
+    its embedding); our own names come back unchanged."""
+    if name.startswith(SEQUENTIAL):
+        (name,) = from_sequential({name: None}, tied)
+    return our_name(name)
 
 
 def is_sequential(names) -> bool:

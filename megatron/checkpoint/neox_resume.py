@@ -28,9 +28,8 @@ from pathlib import Path
 
 from megatron.checkpoint.deepspeed_files import ZERO_MODEL_FILE, mp_rank_file, zero_model_file
 from megatron.checkpoint.folders import CONFIG_FILE, TRAINER_STATE
-from megatron.checkpoint.neox_layout import from_sequential, is_sequential
+from megatron.checkpoint.neox_layout import our_param_name
 from megatron.checkpoint.safe_load import load_file
-from megatron.model.neox_names import our_name
 
 NEOX_LR_KEYS = {
     "peak_lr": "start_lr",
@@ -81,6 +80,21 @@ def neox_trainer_state(folder: Path, train_batch_size: int) -> dict:
     }
 
 
+def saved_batch_size(folder: Path) -> int:
+    """The global batch (samples per iteration) of the run that saved `folder`, from DeepSpeed's
+    record of its config (`ds_config`) in the engine-state file: what GPT-NeoX's loader would
+    count its consumed samples by, had it resumed at that batch."""
+    path = engine_state_file(folder)
+    batch = (load_file(path, mmap=True).get("ds_config") or {}).get("train_batch_size")
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(
+            f"{path} records no train_batch_size in DeepSpeed's ds_config entry (found "
+            f"{batch!r}), so the samples its run consumed are unknown; resume the folder with "
+            "train.py at the layout it was saved at, which counts iteration x train_batch_size"
+        )
+    return batch
+
+
 def saved_groups(state: dict, tied: bool) -> list[list[str]] | list[int] | None:
     """The parameter groups of one engine-state file's optimizer state: names per group where
     DeepSpeed recorded them (`param_shapes`, under ZeRO and its bf16 optimizer), in our names
@@ -90,20 +104,13 @@ def saved_groups(state: dict, tied: bool) -> list[list[str]] | list[int] | None:
     shapes = state.get("param_shapes")
     if shapes:
         groups = shapes if isinstance(shapes, list) else [shapes]
-        return [[_ours(name, tied) for name in group] for group in groups]
+        return [[our_param_name(name, tied) for name in group] for group in groups]
     optimizer = state.get("optimizer")
     while isinstance(optimizer, dict) and "param_groups" not in optimizer:
         optimizer = optimizer.get("optimizer_state_dict")
     if not isinstance(optimizer, dict):
         return None
     return [len(group["params"]) for group in optimizer["param_groups"]]
-
-
-def _ours(name: str, tied: bool) -> str:
-    """A parameter name GPT-NeoX's engine recorded, as our engine names it."""
-    if is_sequential([name]):
-        name = next(iter(from_sequential({name: None}, tied)))
-    return our_name(name)
 
 
 def grouping_problem(saved: list | None, ours: list[list[str]], where: str) -> str:

@@ -29,7 +29,12 @@ from megatron.checkpoint.experts import (
     saved_expert_parallel_size,
 )
 from megatron.checkpoint.model_files import has_old_numbering, old_layer_files, old_to_current
-from megatron.checkpoint.neox_layout import from_sequential, is_sequential
+from megatron.checkpoint.neox_layout import from_sequential, is_sequential, our_param_name
+from megatron.checkpoint.neox_resume import (
+    is_neox_checkpoint,
+    neox_trainer_state,
+    saved_batch_size,
+)
 from megatron.checkpoint.safe_load import load_file, refusal, weights_only_loading
 from megatron.checkpoint_tools.layout import (
     CheckpointError,
@@ -114,8 +119,15 @@ class CheckpointReader:
         return state
 
     def trainer_state(self) -> dict | None:
+        """Our `trainer_state.pt`; from a folder GPT-NeoX saved, what it would hold (iteration,
+        LR schedule, and the samples consumed at the saved global batch: `neox_resume.py`);
+        None when the folder holds neither."""
         path = self.layout.trainer_state_file
-        return load_file(path) if path.is_file() else None
+        if path.is_file():
+            return load_file(path)
+        if is_neox_checkpoint(self.folder):
+            return neox_trainer_state(self.folder, saved_batch_size(self.folder))
+        return None
 
     def _plain_shards(self) -> list[dict]:
         if self._plain_modules is None:
@@ -154,8 +166,12 @@ class CheckpointReader:
         return not is_sequential(names) and any(n not in self.schema.params for n in names)
 
     def current_name(self, name: str) -> str:
-        """A parameter name as saved in this folder, in the current numbering."""
-        return old_to_current(name, self.args) if self.old_numbering else name
+        """A parameter name as saved in this folder (DeepSpeed's `param_shapes`, which name the
+        ZeRO partitions) as the model names it: from `OLD_NUMBERING`, else from GPT-NeoX's
+        names (`neox_layout.our_param_name`; ours are kept)."""
+        if self.old_numbering:
+            return old_to_current(name, self.args)
+        return our_param_name(name, self.args.tied_embeddings)
 
     def _zero3_module(self) -> dict:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -155,10 +155,13 @@ def reshard_checkpoint(
     overwrite: bool = False,
     zero_stage: int = 0,
     ep: int | None = None,
+    cfg=None,
 ) -> ReshardResult:
     """Write `source` (a save folder or global_step folder) to `output` at layout (tp, pp),
-    for a run with ZeRO `zero_stage` (0, or 1-3 through DeepSpeed's universal layout)."""
-    reader = CheckpointReader(source)
+    for a run with ZeRO `zero_stage` (0, or 1-3 through DeepSpeed's universal layout).
+    `cfg`: the config of the run that saved it (default: its `config.json`; a folder GPT-NeoX
+    saved has none)."""
+    reader = CheckpointReader(source, cfg)
     cfg = target_config(reader.cfg, tp, pp, zero_stage, ep)
     ep = cfg.moe.moe_expert_parallel_size
     schema = ModelSchema(ModelArgs.from_config(cfg))

@@ -34,6 +34,7 @@ from megatron.checkpoint.deepspeed_files import ZERO_OPTIM_FILE, mp_rank_file, z
 from megatron.checkpoint.safe_load import load_file
 from megatron.checkpoint_tools.layout import CheckpointError
 from megatron.checkpoint_tools.optimizer_state import FullOptimizerState
+from megatron.model.neox_names import reordered_by_neox
 
 
 def optim_files(folder: Path) -> dict[int, list[Path]]:
@@ -139,6 +140,11 @@ def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
         saved = [load_file(p)["optimizer_state_dict"] for p in files[mp]]
         stage = int(saved[0].get("zero_stage", 1))  # DeepSpeed's bf16 optimizer: ZeRO-1
         shapes = param_shapes(folder, mp, stage)
+        if why := reordered_by_neox((n for group in shapes for n in group), reader.args):
+            return None, (
+                f"{folder / mp_rank_file(mp)} names GPT-NeoX's {why}: the tools cut or reorder "
+                "such weights as the model holds them, not their optimizer state"
+            )
         per_param, groups = (_stage3 if stage == 3 else _stage12)(saved, shapes)
         for group in groups:
             hyper = {k: v for k, v in group.items() if k != "params"}
@@ -150,7 +156,11 @@ def read_zero_optimizer_state(reader) -> tuple[FullOptimizerState | None, str]:
                 shards[name].append(state)
     for name in schema.params:
         if name not in shards:
-            raise CheckpointError(f"checkpoint '{folder}': no optimizer state of '{name}'")
+            raise CheckpointError(
+                f"checkpoint '{folder}': no optimizer state of '{name}'; its ZeRO partitions "
+                f"hold {len(shards)} parameters, named as {sorted(shards)[:3]} in the model's "
+                "names (does the config describe the run that saved it?)"
+            )
         states = shards[name]
         merged = {}
         for key, value in states[0].items():

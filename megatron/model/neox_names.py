@@ -32,7 +32,10 @@ Buffers GPT-NeoX saves and we compute (`inv_freq` of its sinusoidal and, with
 `from_neox` converts one rank's state (any keys: a layer file, or a whole plain model's);
 `accept_neox_names` registers it as a load pre-hook on a layer, so DeepSpeed's loads (per-layer
 files and the plain engine's module) read GPT-NeoX's files directly; the checkpoint tools call
-`from_neox` on what they read.
+`from_neox` on what they read. `our_name` renames one tensor, as where only names are saved
+(DeepSpeed's `param_shapes`, which name GPT-NeoX's ZeRO partitions and optimizer groups:
+`megatron/checkpoint/neox_layout.py::our_param_name`); `reordered_by_neox` says when that is
+not enough, the tensors being cut or reordered too.
 """
 
 from __future__ import annotations
@@ -71,10 +74,28 @@ def in_neox_names(state) -> bool:
 
 
 def our_name(name: str) -> str:
-    """A tensor's name in GPT-NeoX's current names as ours (a gated `linear1` becomes its value
-    half's, `dense_h_to_4h`)."""
+    """A tensor's name in either of GPT-NeoX's trainers' names as ours (`SAVED_AS_NEOX`, and
+    its current names: a gated `linear1` becomes its value half's, `dense_h_to_4h`); ours come
+    back unchanged."""
+    name = _rename(name, {v: k for k, v in SAVED_AS_NEOX.items()})
     name = name.replace(".linear1.", ".dense_h_to_4h.").replace(".linear2.", ".dense_4h_to_h.")
     return name[: -len("scale")] + "weight" if name.endswith("norm.scale") else name
+
+
+def reordered_by_neox(names, args: ModelArgs) -> str:
+    """Which of GPT-NeoX's tensors under `names` (one rank's, in GPT-NeoX's current names) are
+    not ours element for element once renamed, since `from_neox` cuts or reorders them: a
+    gated MLP's `linear1` (value and gate in one tensor), grouped-query `query_key_value` rows;
+    "" when none is."""
+    names = list(names)
+    if not in_neox_names(names):
+        return ""
+    if build_activation(args.activation).gated and any(".linear1." in n for n in names):
+        return "a gated MLP's mlp.linear1, which holds the up and gate projections in one tensor"
+    grouped = args.kv_heads != args.num_attention_heads
+    if grouped and any("attention.query_key_value." in n for n in names):
+        return "grouped-query attention's query_key_value, whose rows GPT-NeoX orders otherwise"
+    return ""
 
 
 def _grouped_qkv(rows: torch.Tensor, args: ModelArgs) -> torch.Tensor:

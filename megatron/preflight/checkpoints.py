@@ -187,6 +187,8 @@ def _layout_finding(layout, cfg: Config, problem: str | None = None) -> Finding 
         if eps[1] > 1 and stage:
             stage, why = 0, " (the tools write expert-parallel checkpoints without ZeRO only)"
     target += f" --zero-stage {stage}"
+    if not layout.config_file.is_file():  # GPT-NeoX's folders: the tool needs the model
+        target += " --config <the config files of the run that saved it>"
     dp = _zero_dp(layout.folder)
     saved_zero = f"ZeRO partitions over {dp} data-parallel rank(s)" if dp else "without ZeRO"
     if is_universal(layout.folder):
