@@ -127,18 +127,22 @@ def _wait(proc: subprocess.Popen, stopper: RunStopper) -> int:
 
 
 def _wait_for_the_rest(stopper: RunStopper) -> None:
-    """After a stop: wait until no process of the run is left (a second Ctrl-C kills them);
-    said on the console when a stop that saves is still waited for after `QUIET_WAIT_S`."""
+    """After a stop, once the runner is gone: wait for the ranks still running (saving; said
+    on the console after `QUIET_WAIT_S`; a second Ctrl-C kills them), then kill what is left
+    of the run (a loader worker or launch.py outliving them)."""
     stopper.follow()
-    quiet_until = time.monotonic() + QUIET_WAIT_S
-    while left := stopper.left():
-        if quiet_until is not None and time.monotonic() > quiet_until:
-            quiet_until = None
-            if stopper.state == REQUESTED:
-                pids = ", ".join(str(p.pid) for p in left)
-                line = f"waiting for {len(left)} process(es) of the run to exit (pid {pids}"
-                print(f"deepy.py: {line}; Ctrl-C stops them at once)", file=sys.stderr, flush=True)
+    say_at = time.monotonic() + QUIET_WAIT_S
+    while ranks := stopper.ranks():
+        if say_at and time.monotonic() > say_at and stopper.state == REQUESTED:
+            pids = ", ".join(str(p.pid) for p in ranks)
+            line = f"waiting for {len(ranks)} rank(s) to save and exit (pid {pids}"
+            print(f"deepy.py: {line}; Ctrl-C stops them at once)", file=sys.stderr, flush=True)
+            say_at = None
         time.sleep(FOLLOW_S)
+        stopper.follow()
+    while stopper.left():
+        stopper.kill_left()
+        time.sleep(0.05)
         stopper.follow()
 
 

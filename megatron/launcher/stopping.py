@@ -60,8 +60,7 @@ class RunStopper:
         self.signum: int | None = None  # the signal that asked for the stop
         self._pending: list[str] = []  # states reached, not announced yet
         self.seen: dict[int, psutil.Process] = {}  # every process of the run noted
-        self._parent: dict[int, int] = {}  # pid -> its parent's pid when first noted
-        self._launchers: set[int] = set()  # pids running LAUNCH_MODULE
+        self._ranks: set[int] = set()  # pids found to be ranks (a rank stays one)
         self._told: set[int] = set()  # ranks sent SIGTERM
 
     def attach(self, pid: int) -> None:
@@ -86,17 +85,28 @@ class RunStopper:
             return
         self._note()
         if self.state == FORCED:
-            for proc in [self.runner, *self.seen.values()]:
-                _send(proc, signal.SIGKILL)
+            _send(self.runner, signal.SIGKILL)
+            self.kill_left()
             return
-        for pid, proc in list(self.seen.items()):
-            if self._parent.get(pid) in self._launchers and pid not in self._told:
-                self._told.add(pid)
+        for proc in self.ranks():
+            if proc.pid not in self._told:
+                self._told.add(proc.pid)
                 _send(proc, signal.SIGTERM)
+
+    def ranks(self) -> list[psutil.Process]:
+        """The ranks noted that still run: the children of a launch.py, once they run their
+        own program (one forked but not yet executed would lose a signal with the fork)."""
+        self._ranks.update(pid for pid, proc in self.seen.items() if _is_rank(proc))
+        return [self.seen[pid] for pid in sorted(self._ranks) if _running(self.seen[pid])]
 
     def left(self) -> list[psutil.Process]:
         """The processes of the run noted so far that still run (the runner aside)."""
         return [p for pid, p in self.seen.items() if _running(p) and pid != self.runner.pid]
+
+    def kill_left(self) -> None:
+        """SIGKILL every process of the run noted that still runs (the runner aside)."""
+        for proc in self.left():
+            _send(proc, signal.SIGKILL)
 
     def _note(self) -> None:
         """Add the descendants of the runner and of every running process noted before."""
@@ -104,21 +114,22 @@ class RunStopper:
         children = _children_by_parent()
         queue = [p.pid for p in roots]
         while queue:
-            parent = queue.pop()
-            for pid in children.get(parent, ()):
-                if pid in self.seen or not self._add(pid, parent):
-                    continue
-                queue.append(pid)
+            for pid in children.get(queue.pop(), ()):
+                if pid not in self.seen:
+                    try:
+                        self.seen[pid] = psutil.Process(pid)
+                    except psutil.Error:  # gone already
+                        continue
+                    queue.append(pid)
 
-    def _add(self, pid: int, parent: int) -> bool:
-        try:
-            proc = psutil.Process(pid)
-            if LAUNCH_MODULE in proc.cmdline():
-                self._launchers.add(pid)
-        except psutil.Error:  # gone already, or a zombie
-            return False
-        self.seen[pid], self._parent[pid] = proc, parent
-        return True
+
+def _is_rank(proc: psutil.Process) -> bool:
+    try:
+        parent = proc.parent()
+        return (parent is not None and LAUNCH_MODULE in parent.cmdline()
+                and LAUNCH_MODULE not in proc.cmdline())  # fmt: skip
+    except psutil.Error:  # gone, or a zombie
+        return False
 
 
 def _children_by_parent() -> dict[int, list[int]]:

@@ -5,8 +5,9 @@
     python fake_run.py launch FOLDER deepspeed.launcher.launch
                                          launch.py: on SIGINT/SIGTERM, terminates the ranks, exits 1
     python fake_run.py rank FOLDER N     a training rank: on SIGTERM "saves" (SAVE_S seconds),
-                                         writes rankN.saved and exits 0; its child, a data-loader
-                                         worker, ignores SIGINT and SIGTERM
+                                         writes rankN.saved and exits 0 (a SIGTERM in its first
+                                         instants, before its handler, kills it); its child, a
+                                         data-loader worker, ignores SIGINT and SIGTERM
 
 Each writes `{role}.{pid}` into FOLDER once its handlers are set; RUNNER_DELAY_S delays the
 runner's start of launch.py (a stop that comes before the ranks exist).
@@ -70,6 +71,18 @@ def launch(folder: Path) -> None:
 
 
 def rank(folder: Path, n: str) -> None:
+    loader = None
+
+    def save(signum, frame):
+        (folder / f"rank{n}.sigterm").open("a").write("x")
+        time.sleep(float(os.environ.get("SAVE_S", "0")))
+        (folder / f"rank{n}.saved").write_text("")
+        if loader:
+            os.kill(loader, signal.SIGKILL)
+            os.waitpid(loader, 0)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, save)
     loader = os.fork()
     if loader == 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -77,16 +90,6 @@ def rank(folder: Path, n: str) -> None:
         _started(folder, "loader")
         time.sleep(600)
         os._exit(0)
-
-    def save(signum, frame):
-        (folder / f"rank{n}.sigterm").open("a").write("x")
-        time.sleep(float(os.environ.get("SAVE_S", "0")))
-        (folder / f"rank{n}.saved").write_text("")
-        os.kill(loader, signal.SIGKILL)
-        os.waitpid(loader, 0)
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, save)
     _started(folder, "rank")
     while True:
         time.sleep(0.05)
