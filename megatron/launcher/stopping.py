@@ -15,8 +15,9 @@ a `RunStopper`:
 * a second Ctrl-C: SIGKILL to every process of the run, the runner included (`latest` still
   names the last complete checkpoint: it moves only once a save is whole).
 
-After a stop, deepy.py waits for every process of the run it has seen (the runner's
-descendants, also once re-parented) before it reports (`interrupt_report`).
+After a stop, deepy.py notes every process of the run (the runner's descendants, also once
+re-parented); once the runner has exited it waits for the ranks still saving, SIGKILLs what is
+left (a loader worker that outlived its rank), and only then reports (`interrupt_report`).
 Neither torch nor DeepSpeed is imported here (psutil is DeepSpeed's own dependency).
 """
 
