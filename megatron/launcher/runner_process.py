@@ -109,8 +109,8 @@ def run_local_runner(
     """Run the runner of a launch whose ranks run on this machine to its end, and after a stop
     every process of the run (module docstring); `announce(state, signum)` as a stop goes."""
     stopper = RunStopper(announce)
-    with _stop_signals(stopper):
-        with _sigint_blocked():  # inherited: the runner and all it starts ignore a Ctrl-C
+    with _stop_signals(stopper) as handled:
+        with _sigint_blocked(handled):  # inherited: the runner and all it starts ignore a Ctrl-C
             proc = subprocess.Popen(argv, env=env)
         stopper.attach(proc.pid)
         status = _wait(proc, stopper)
@@ -147,9 +147,12 @@ def _wait_for_the_rest(stopper: RunStopper) -> None:
 
 
 @contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread for the block: a process started in it inherits the mask
-    (a signal that comes meanwhile waits, for the handler in place once the block ends)."""
+def _sigint_blocked(block: bool) -> Iterator[None]:
+    """With `block`, SIGINT blocked in this thread for the block: a process started in it
+    inherits the mask (a signal that comes meanwhile waits for the handler in place after)."""
+    if not block:
+        yield
+        return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
@@ -158,15 +161,16 @@ def _sigint_blocked() -> Iterator[None]:
 
 
 @contextmanager
-def _stop_signals(stopper: RunStopper) -> Iterator[None]:
-    """While the block runs: SIGINT and SIGTERM go to `stopper.interrupt`."""
+def _stop_signals(stopper: RunStopper) -> Iterator[bool]:
+    """While the block runs: SIGINT and SIGTERM go to `stopper.interrupt`. Yields whether they
+    do: handlers can only be set from the main thread (elsewhere a Ctrl-C is left as it was)."""
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
+        yield False
         return
     handler = lambda signum, frame: stopper.interrupt(signum)  # noqa: E731
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield True
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)

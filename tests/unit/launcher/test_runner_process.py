@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -172,3 +173,18 @@ def test_a_sigterm_to_deepy_stops_the_ranks_as_a_ctrl_c_does(tmp_path):
     out = _finish(proc)
     assert out.splitlines() == ["announced requested SIGTERM", "ended status 0 stop requested"]
     assert len(list(tmp_path.glob("rank*.saved"))) == 2
+
+
+MASK = [sys.executable, "-c", "import signal; print(signal.SIGINT in signal.pthread_sigmask("
+        "signal.SIG_BLOCK, []), flush=True)"]  # fmt: skip
+
+
+def test_the_runner_inherits_sigint_blocked_only_where_deepy_handles_the_ctrl_c(capfd):
+    from megatron.launcher.runner_process import run_local_runner
+
+    assert run_local_runner(MASK, None, print).status == 0  # the main thread: handled
+    outside = threading.Thread(target=run_local_runner, args=(MASK, None, print))
+    outside.start()  # no handler can be set there: a Ctrl-C stays the runner's own
+    outside.join(timeout=60)
+    assert capfd.readouterr().out.split() == ["True", "False"]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # restored
