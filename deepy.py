@@ -14,6 +14,11 @@ with the ranks it stopped, and nothing else (its traceback with `--verbose`), wh
 its traceback on the console (megatron/launcher/failures.py). Without `master_port`, a
 one-machine run takes a free port, so two runs on one machine do not collide.
 
+Ctrl-C (or a SIGTERM to deepy.py) on a run whose ranks are on this machine stops it cleanly:
+every rank finishes its step, saves a checkpoint and exits, deepy.py says which checkpoint it
+saved and exits 0; a second Ctrl-C stops every process of the run at once (exit status 130).
+No process of the run is left behind either way (megatron/launcher/stopping.py).
+
 For `train.py`, `--dry-run` also prints the memory plan: what the heaviest rank of each
 pipeline stage will hold against the GPU's memory, and a step-time estimate
 (`megatron/planning/`); `--json` prints all of it as one JSON object. Before a launch on GPUs
@@ -230,6 +235,26 @@ def bundle_args(cfg: Config) -> list:
     return [BUNDLE_FILE_FLAG, StagedFile("config-", bundle_json(cfg))]
 
 
+def run_checkpoints(args: argparse.Namespace, cfg: Config):
+    """For a training run that saves checkpoints, what a Ctrl-C's report reads of them (the
+    tag `latest` names, whether the same command resumes from it); else None."""
+    from megatron.launcher.stopping import RunCheckpoints
+
+    c = cfg.checkpointing
+    if not (is_training_script(args.script) and c.save):
+        return None
+    from megatron.checkpoint.folders import read_latest
+
+    def latest() -> str | None:
+        try:
+            return read_latest(c.save)
+        except OSError:  # `latest` names a folder that is gone: nothing to name
+            return None
+
+    same = c.load is not None and os.path.realpath(c.load) == os.path.realpath(c.save)
+    return RunCheckpoints(latest, resumes=same)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
@@ -262,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.launcher.master_port,
             "" if args.verbose else " (--verbose shows DeepSpeed's launch lines)",
         )
-        return run_launch(plan)
+        return run_launch(plan, run_checkpoints(args, cfg))
 
 
 if __name__ == "__main__":

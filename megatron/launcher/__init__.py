@@ -6,6 +6,8 @@ Launcher side (`deepy.py`):
   (`argv`, `env`, `world_size`, `display()`, `describe()`), with secrets kept off every
   command line; `run_launch(plan)` runs it; `verbose=True` shows DeepSpeed's INFO lines.
   A `StagedFile` argument (a large config bundle) reaches the workers as a file's path.
+  A Ctrl-C on a launch whose ranks run here: each saves and exits, none is left behind
+  (`stopping.py`).
 * `build_runner_argv(cfg.launcher, script, user_args)`: just the runner command line.
 * `planned_world_size(cfg.launcher)`: how many workers the launch starts.
 * `no_ssh: true` (`nossh.py`): every node runs deepy.py; `plan_resources` reads this node's

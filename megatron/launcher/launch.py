@@ -16,6 +16,11 @@ when it stays empty or holds user errors only.
 A multi-node launch with `preflight_shared_fs: false` gets none: its workers print their
 errors themselves.
 
+A launch whose ranks run on this machine (a local launch.py: one host, or a `no_ssh` node) is
+stopped by deepy.py itself on a Ctrl-C or a SIGTERM: every rank saves and exits, a second
+Ctrl-C kills the run, and `run_launch` says which checkpoint was saved
+(megatron/launcher/stopping.py).
+
 `prepare_launch` resolves the hosts (`plan.world_size`), builds the runner argv and the
 runner's environment. With `launcher: slurm`, no hostfile and a multi-node allocation
 (SLURM_JOB_NODELIST), it writes a hostfile of the allocation's nodes for the runner; with
@@ -34,6 +39,7 @@ workers do not probe for accelerators.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import shutil
@@ -53,7 +59,7 @@ from megatron.launcher.failures import (
 )
 from megatron.launcher.plan import LaunchResources, local_device_count, plan_resources
 from megatron.launcher.runner import runner_argv_for_plan
-from megatron.launcher.runner_process import run_runner
+from megatron.launcher.runner_process import run_local_runner, run_runner
 from megatron.launcher.secrets import (
     SECRETS_FILE_VAR,
     carried_names,
@@ -62,6 +68,7 @@ from megatron.launcher.secrets import (
     secret_names,
     write_secrets_file,
 )
+from megatron.launcher.stopping import RunCheckpoints, announce_stop, interrupt_report
 
 DEFAULT_LAUNCH_DIR = ".megatron_launch"
 
@@ -242,25 +249,47 @@ def _write_private(directory: str, prefix: str, text: str) -> str:
     return os.path.abspath(path)
 
 
-def run_launch(plan: LaunchPlan) -> int:
-    """Run the runner in the foreground; report a failure; return the exit status.
+def run_launch(plan: LaunchPlan, checkpoints: RunCheckpoints | None = None) -> int:
+    """Run the runner in the foreground; report a failure or a stop; return the exit status.
 
-    0: every worker succeeded; `USER_ERROR_EXIT` (2): workers stopped on a user error, whose
-    message is printed once; else the runner's status.
+    0: every worker succeeded, or stopped cleanly on a Ctrl-C or SIGTERM (a launch whose ranks
+    run here: megatron/launcher/stopping.py); `USER_ERROR_EXIT` (2): workers stopped on a user
+    error, whose message is printed once; `INTERRUPTED_EXIT` (130): stopped without saving
+    (a second Ctrl-C); else the runner's status. `checkpoints`, for a run that saves them: a
+    stop then says it saves, and which checkpoint it saved.
     """
-    remote = plan.resources.multi_node and plan.resources.settings.launcher == "pdsh"
-    status = run_runner(plan.argv, plan.env, quiet_remote=remote and not plan.verbose)
-    if status == 0:
+    before = checkpoints.latest() if checkpoints else None
+    status, stop = _run_runner(plan, saves=checkpoints is not None)
+    if status == 0 and stop is None:
         return 0
     failures = read_failures(plan.errors_dir) if plan.errors_dir else []
-    lines = failure_report(failures, plan.errors_dir or "", plan.verbose)
-    if not lines:
-        lines = [f"the run failed (runner exit status {status}; see the output above)"]
+    report = None
+    if stop is not None:
+        after = checkpoints.latest() if checkpoints else None
+        report = interrupt_report(stop, status, failures, before, after, checkpoints)
+    lines, code = report or _failure_lines(plan, failures, status)
     for line in lines:
         print(f"deepy.py: {line}", file=sys.stderr, flush=True)
     if plan.errors_dir and not any_bug(failures):  # their messages were all there is to say
         shutil.rmtree(plan.errors_dir, ignore_errors=True)
-    return exit_status(failures, status)
+    return code
+
+
+def _run_runner(plan: LaunchPlan, saves: bool) -> tuple[int, str | None]:
+    """(the runner's exit status, how a stop went: None, REQUESTED or FORCED)."""
+    if plan.resources.multi_node:
+        remote = plan.resources.settings.launcher == "pdsh"
+        return run_runner(plan.argv, plan.env, quiet_remote=remote and not plan.verbose), None
+    ended = run_local_runner(plan.argv, plan.env, functools.partial(announce_stop, saves=saves))
+    return ended.status, ended.stop
+
+
+def _failure_lines(plan: LaunchPlan, failures, status: int) -> tuple[list[str], int]:
+    """What a failed run's report says, and deepy.py's exit status."""
+    lines = failure_report(failures, plan.errors_dir or "", plan.verbose)
+    if not lines:
+        lines = [f"the run failed (runner exit status {status}; see the output above)"]
+    return lines, exit_status(failures, status)
 
 
 def _no_gpu(device_count: int | None) -> bool:

@@ -1,5 +1,11 @@
 """SIGTERM/SIGINT: finish the current iteration, save a checkpoint and exit cleanly.
 
+Under deepy.py on one machine a rank never sees the terminal's Ctrl-C: SIGINT stays blocked in
+it (inherited from deepy.py), which passes the stop on as one SIGTERM
+(megatron/launcher/stopping.py), so nothing interrupts a save. A SIGINT that reaches a rank
+otherwise (a launcher that forwards it) is remembered like a SIGTERM; a second one raises
+KeyboardInterrupt there.
+
 Whether any rank received a signal is agreed over the world after every step. The non-finite
 step check's all-reduce, which every rank runs before each optimizer step, carries the flag
 (`megatron/training/step/nonfinite.py`), so the agreement costs no collective and no host read
