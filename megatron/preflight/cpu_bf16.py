@@ -3,9 +3,9 @@
 A CPU without bf16 matrix instructions (AVX-512 BF16, AMX) multiplies bf16 matrices through a
 slow path: on a 2-core AVX2 AMD EPYC 0.9 GFLOP/s against 68.7 in fp32, so 160M.yml's bf16 did
 not reach iteration 10 in 30 minutes. When the launch runs its ranks on this machine and it
-has no GPU, the same matmul is timed in both dtypes (a few tenths of a second); bf16 more
-than `SLOWER` times slower warns, naming both speeds and `--set precision=fp32`. A launch on
-other nodes, or on GPUs, is not checked: this machine says nothing about theirs.
+has no GPU, the same matmul is timed in both dtypes on one core (a few tenths of a second);
+bf16 more than `SLOWER` times slower warns, naming both speeds and `--set precision=fp32`. A
+launch on other nodes, or on GPUs, is not checked: this machine says nothing about theirs.
 """
 
 from __future__ import annotations
@@ -20,26 +20,35 @@ from megatron.preflight.findings import OK, WARNING, Finding, register
 NAME = "cpu_bf16"
 SLOWER = 4.0  # bf16 this many times slower than fp32 is emulation, not a slightly slower unit
 SIZE = 256  # the timed matmul: SIZE x SIZE times SIZE x SIZE
-MIN_SECONDS = 0.05  # each dtype is timed for about this long
+MIN_SECONDS = 0.05  # each dtype is timed for at least this long
+MIN_RUNS = 5  # and at least this many times
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 /proc/cpuinfo flags of bf16 matrix units
 
 
 def matmul_gflops(size: int = SIZE) -> tuple[float, float]:
-    """GFLOP/s of a `size`-cubed matmul on this CPU, `(bf16, fp32)`: the best of runs taken
-    in turns, so that a busy machine slows both alike."""
+    """GFLOP/s of a `size`-cubed matmul on one core of this CPU, `(bf16, fp32)`: the best of
+    at least `MIN_RUNS` runs of each, taken in turns. One thread, because on a busy machine a
+    multi-threaded matmul waits for its slowest thread every run (at a load of 10 on two
+    cores, fp32 measured 2 GFLOP/s with two threads and the emulation went unnoticed), while
+    one thread's best run is one that was not preempted."""
     import torch
 
     pairs = [(torch.randn(size, size).to(d), torch.randn(size, size).to(d))
              for d in (torch.bfloat16, torch.float32)]  # fmt: skip
-    best, spent = [float("inf")] * 2, 0.0
-    for a, b in pairs:
-        torch.mm(a, b)  # warm-up: the first call picks and prepares its kernel
-    while spent < 2 * MIN_SECONDS:
-        for i, (a, b) in enumerate(pairs):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            took = time.perf_counter() - start
-            best[i], spent = min(best[i], took), spent + took
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best, spent, runs = [float("inf")] * 2, [0.0] * 2, [0] * 2
+        for a, b in pairs:
+            torch.mm(a, b)  # warm-up: the first call picks and prepares its kernel
+        while any(t < MIN_SECONDS or n < MIN_RUNS for t, n in zip(spent, runs)):
+            for i, (a, b) in enumerate(pairs):
+                start = time.perf_counter()
+                torch.mm(a, b)
+                took = time.perf_counter() - start
+                best[i], spent[i], runs[i] = min(best[i], took), spent[i] + took, runs[i] + 1
+    finally:
+        torch.set_num_threads(threads)
     bf16, fp32 = (2 * size**3 / t / 1e9 for t in best)
     return bf16, fp32
 
@@ -70,7 +79,7 @@ def _runs_on_this_cpu(cfg: Config) -> bool:
 
 def slowdown_finding(bf16: float, fp32: float, flags: list[str] | None) -> Finding:
     """The finding for measured bf16 and fp32 matmul speeds (GFLOP/s) on this CPU."""
-    speeds = f"bf16 matmul {bf16:.1f} GFLOP/s against {fp32:.1f} in fp32 on this CPU"
+    speeds = f"bf16 matmul {bf16:.1f} GFLOP/s against {fp32:.1f} in fp32 on one core of this CPU"
     if fp32 <= SLOWER * bf16:
         return Finding(NAME, OK, speeds)
     missing = f", which has no {' or '.join(BF16_FLAGS)}" if flags == [] else ""
