@@ -35,10 +35,17 @@ peak LR: a resume stops when one differs."""
 
 
 def own_folder_hint(cfg: Config) -> str:
-    """`--set save=... load=...` of a folder named after the run's first config file."""
+    """`--set save=... load=...` of a new folder named after the run's first config file:
+    `checkpoints/<name>`, or `<name>-2`, `-3`, ... where that one is the `load` or `save`
+    folder the run already has, or exists."""
     files = [f for f in cfg.config_files if not f.startswith("<")]  # not `<dict>`
     name = Path(files[0]).stem if files else "this-run"
-    return f"--set save=checkpoints/{name} --set load=checkpoints/{name}"
+    taken = {Path(p).resolve() for p in (cfg.checkpointing.load, cfg.checkpointing.save) if p}
+    folder, n = f"checkpoints/{name}", 1
+    while Path(folder).resolve() in taken or Path(folder).exists():
+        n += 1
+        folder = f"checkpoints/{name}-{n}"
+    return f"--set save={folder} --set load={folder}"
 
 
 def another_model(folder: Path, differences: list[str], cfg: Config) -> Finding:

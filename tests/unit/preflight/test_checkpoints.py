@@ -240,3 +240,15 @@ def test_a_finished_run_says_nothing_will_train(tmp_path):
     found = load_findings(tmp_path, train_iters=2)
     assert levels(found) == [OK, WARNING]
     assert found[1].message.startswith(f"{folder} is already at iteration 2 of train_iters 2")
+
+
+def test_the_new_folder_named_is_neither_this_runs_nor_one_that_exists(tmp_path, monkeypatch):
+    """The journey's `make train` twice: the finished run's folder was the one advised."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "checkpoints" / "this-run", config(train_iters=2), iteration=2)
+    (tmp_path / "checkpoints" / "this-run-2").mkdir()
+    found = load_findings("checkpoints/this-run", train_iters=2, save="checkpoints/this-run")
+    assert found[1].message.startswith("checkpoints/this-run/global_step2 is already at")
+    assert found[1].message.endswith(
+        "(--set save=checkpoints/this-run-3 --set load=checkpoints/this-run-3)"
+    )
