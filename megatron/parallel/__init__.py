@@ -8,6 +8,7 @@
 | `params`           | sharded parameter creation, marks, gathering, sequence-parallel grads |
 | `layers`           | `ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding` |
 | `cross_entropy`    | `vocab_parallel_cross_entropy`                                        |
+| `linear_cross_entropy` | `linear_cross_entropy`: the head and the loss, chunk by chunk |
 | `random`           | `model_parallel_seed`, the tensor-parallel RNG tracker                |
 """
 
@@ -17,6 +18,7 @@ from megatron.parallel.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from megatron.parallel.linear_cross_entropy import linear_cross_entropy
 from megatron.parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,
@@ -54,6 +56,7 @@ __all__ = [
     "gather_full_parameter",
     "get_rng_tracker",
     "is_tensor_parallel",
+    "linear_cross_entropy",
     "mark_sequence_parallel",
     "model_parallel_seed",
     "reduce_from_tensor_parallel_region",
