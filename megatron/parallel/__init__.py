@@ -8,17 +8,17 @@
 | `params`           | sharded parameter creation, marks, gathering, sequence-parallel grads |
 | `layers`           | `ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding` |
 | `cross_entropy`    | `vocab_parallel_cross_entropy`                                        |
-| `linear_cross_entropy` | `linear_cross_entropy`: the head and the loss, chunk by chunk |
+| `chunked_cross_entropy` | `linear_cross_entropy`: the head and the loss, chunk by chunk |
 | `random`           | `model_parallel_seed`, the tensor-parallel RNG tracker                |
 """
 
+from megatron.parallel.chunked_cross_entropy import linear_cross_entropy
 from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from megatron.parallel.linear_cross_entropy import linear_cross_entropy
 from megatron.parallel.mappings import (
     copy_to_tensor_parallel_region,
     gather_from_sequence_parallel_region,

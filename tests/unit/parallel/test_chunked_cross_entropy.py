@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.parallel.linear_cross_entropy import linear_cross_entropy
+from megatron.parallel.chunked_cross_entropy import linear_cross_entropy
 
 TOKENS, HIDDEN, PADDED = 29, 12, 40
 
