@@ -1,0 +1,120 @@
+"""The model with `loss_chunk_tokens` > 0 (the head fused with the loss) against the same model
+writing full logits, one process, fp32:
+
+- tied (Pythia-style) and untied (Llama-style) heads, padded vocabulary, z-loss, loss mask: the
+  loss and the gradient of every parameter (the tied embedding's included) within 1e-6 of the
+  unfused model's (max-abs error over max-abs value);
+- evaluation (`torch.no_grad`): the same loss;
+- a training step (forward, loss, backward) allocates no tensor of tokens x V elements or more
+  on the fused path (a `TorchDispatchMode` sees every tensor an op returns), while the unfused
+  step does (so the count sees the logits where they exist);
+- generation/scoring (`inference_config`) and muP's coordinate check build the logits head;
+- the heads return their inputs `(hidden (s, b, h), weight)` and the weight is the head's own
+  parameter (tied: the embedding table), so DeepSpeed's tied-weight all-reduce sees its grad.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from megatron.model import build_gpt, full_state_dict
+from tests.unit.model.tiny import assert_close, llama_args, neox_args
+
+BATCH, SEQ = 4, 16
+VOCAB, TRUE_VOCAB = 256, 250  # tokens x V (16k) above every other tensor of the toy
+
+
+def _args(kind: str, **changes):
+    make = neox_args if kind == "tied" else llama_args
+    return make(vocab_size=VOCAB, true_vocab_size=TRUE_VOCAB, z_loss=1e-3, **changes)
+
+
+def _batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, TRUE_VOCAB, (BATCH, SEQ + 1), generator=gen)
+    positions = torch.arange(SEQ).expand(BATCH, SEQ).contiguous()
+    mask = (torch.rand(BATCH, SEQ, generator=gen) > 0.2).float()
+    return (tokens[:, :-1], positions), (tokens[:, 1:].contiguous(), mask)
+
+
+def _loss_and_grads(args, batch):
+    model = build_gpt(args)
+    inputs, labels = batch
+    loss = model.loss_fn(model(*inputs), labels)
+    loss.backward()
+    return loss.detach(), full_state_dict(model, grads=True)
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+@pytest.mark.parametrize("chunk", [5, 64, 1000])
+def test_fused_loss_and_every_gradient_equal_the_unfused_model(kind, chunk):
+    batch = _batch()
+    ref_loss, ref_grads = _loss_and_grads(_args(kind), batch)
+    loss, grads = _loss_and_grads(_args(kind, loss_chunk_tokens=chunk), batch)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * abs(ref_loss.item())
+    assert set(grads) == set(ref_grads)
+    for name, grad in grads.items():
+        assert_close(grad, ref_grads[name], f"gradient of {name}", tol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+def test_heads_hand_their_own_weight_to_the_loss(kind):
+    model = build_gpt(_args(kind, loss_chunk_tokens=8))
+    inputs, _ = _batch()
+    hidden, weight = model(*inputs)
+    assert hidden.shape == (SEQ, BATCH, model.args.hidden_size)  # (s, b, h)
+    name = "tied_modules.embed.word_embeddings.weight" if kind == "tied" else None
+    params = dict(model.named_parameters())
+    head = params[name] if name else next(p for n, p in params.items() if "final_linear" in n)
+    assert weight is head
+
+
+def test_evaluation_loss_is_the_same():
+    batch = _batch(seed=1)
+    losses = []
+    for chunk in (0, 7):
+        model = build_gpt(_args("tied", loss_chunk_tokens=chunk)).eval()
+        with torch.no_grad():
+            losses.append(model.loss_fn(model(*batch[0]), batch[1]).item())
+    assert abs(losses[0] - losses[1]) <= 1e-6 * abs(losses[0])
+
+
+class LargeTensors(TorchDispatchMode):
+    """Counts the tensors ops return with at least `numel` elements."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                self.seen.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+def test_a_fused_training_step_allocates_no_tokens_by_vocabulary_tensor(kind):
+    inputs, labels = _batch()
+    counts = {}
+    for chunk in (0, 16):
+        model = build_gpt(_args(kind, loss_chunk_tokens=chunk))
+        with LargeTensors(BATCH * SEQ * VOCAB) as mode:
+            model.loss_fn(model(*inputs), labels).backward()
+        counts[chunk] = mode.seen
+    assert counts[0], "the unfused step writes logits; the count should see them"
+    assert counts[16] == [], f"tokens x vocabulary tensors on the fused path: {counts[16]}"
+
+
+def test_tools_that_read_logits_build_the_unfused_head():
+    from megatron.inference.model import inference_config
+    from megatron.model.mup_coord import widen
+    from tests.tiny import tiny_config
+
+    assert widen(_args("tied", loss_chunk_tokens=8), 64, None).loss_chunk_tokens == 0
+    cfg = tiny_config(loss_chunk_tokens=8)
+    assert cfg.model.loss_chunk_tokens == 8
+    assert inference_config(cfg).model.loss_chunk_tokens == 0
