@@ -127,8 +127,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             d = soft.to(weight.dtype)  # (c, V/tp): the logits' gradient, in their dtype
             del soft
             grad_hidden[rows] = d @ weight  # (c, h)
-            if d.dtype == math:
-                grad_weight.addmm_(d.t(), h)
+            if d.dtype == math:  # (out=, not addmm_: torch's FLOP counter knows addmm)
+                torch.addmm(grad_weight, d.t(), h, out=grad_weight)
             else:
                 grad_weight += d.t() @ h  # (V/tp, h), summed in fp32
         ctx.save_for_backward(grad_hidden, grad_weight)

@@ -1,9 +1,10 @@
 """The model with `loss_chunk_tokens` > 0 (the head fused with the loss) against the same model
 writing full logits, one process, fp32:
 
-- tied (Pythia-style) and untied (Llama-style) heads, padded vocabulary, z-loss, loss mask: the
-  loss and the gradient of every parameter (the tied embedding's included) within 1e-6 of the
-  unfused model's (max-abs error over max-abs value);
+- tied (Pythia-style), untied (Llama-style) and MoE models, padded vocabulary, z-loss, loss
+  mask: the loss and the gradient of every parameter (the tied embedding's included) within
+  1e-6 of the unfused model's (max-abs error over max-abs value);
+- the same FLOPs in a training step (torch's FLOP counter): no head matmul is recomputed;
 - evaluation (`torch.no_grad`): the same loss;
 - generation/scoring (`inference_config`) and muP's coordinate check build the logits head;
 - the heads return their inputs `(hidden (s, b, h), weight)` and the weight is the head's own
@@ -25,8 +26,13 @@ BATCH, SEQ = 4, 16
 VOCAB, TRUE_VOCAB = 256, 250
 
 
+MOE = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", moe_expert_interval=2)
+
+
 def _args(kind: str, **changes):
-    make = neox_args if kind == "tied" else llama_args
+    make = llama_args if kind == "untied" else neox_args
+    if kind == "moe":  # experts on layers 0 and 2, dropout off (the routing is then fixed)
+        changes = dict(MOE, hidden_dropout=0.0, attention_dropout=0.0, **changes)
     return make(vocab_size=VOCAB, true_vocab_size=TRUE_VOCAB, z_loss=1e-3, **changes)
 
 
@@ -46,7 +52,7 @@ def _loss_and_grads(args, batch):
     return loss.detach(), full_state_dict(model, grads=True)
 
 
-@pytest.mark.parametrize("kind", ["tied", "untied"])
+@pytest.mark.parametrize("kind", ["tied", "untied", "moe"])
 @pytest.mark.parametrize("chunk", [5, 64, 1000])
 def test_fused_loss_and_every_gradient_equal_the_unfused_model(kind, chunk):
     batch = _batch()
@@ -68,6 +74,22 @@ def test_heads_hand_their_own_weight_to_the_loss(kind):
     params = dict(model.named_parameters())
     head = params[name] if name else next(p for n, p in params.items() if "final_linear" in n)
     assert weight is head
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+def test_a_fused_step_runs_the_unfused_steps_flops(kind):
+    """The head's three matrix multiplies, no recomputation: torch's FLOP counter sees the
+    same step FLOPs on both paths (so `training_flops_per_token` holds for both)."""
+    from tests.flop_counter import flop_counter
+
+    inputs, labels = _batch()
+    flops = []
+    for chunk in (0, 16):
+        model = build_gpt(_args(kind, loss_chunk_tokens=chunk))
+        with flop_counter() as counter:
+            model.loss_fn(model(*inputs), labels).backward()
+        flops.append(counter.get_total_flops())
+    assert flops[0] == flops[1] > 0
 
 
 def test_evaluation_loss_is_the_same():
