@@ -237,6 +237,7 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
     "text, message",
     [
         ("loss_chunk_tokens: -1\n", r"loss_chunk_tokens \(.*bad.yml\) must be >= 0"),
+        ("loss_chunk_tokens: 512\nprecision: fp16\n", r"loss_chunk_tokens .*underflow in fp16"),
         (
             "loss_chunk_tokens: 512\npipe_parallel_size: 0\nzero_optimization: {stage: 3}\n",
             r"loss_chunk_tokens \(.*bad.yml\) .*ZeRO stage 3",
