@@ -216,3 +216,85 @@ def linear_cross_entropy(
         # (inside the Function's forward gradients are off: decided here)
         torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad),
     )
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """Per-token log p(target) of `hidden @ weight.T`, chunk by chunk; the backward recomputes
+    each chunk's logits (the upstream gradient is per token, unknown in the forward)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, group, vocab_size, chunk):
+        vocab_per_rank = weight.shape[0]
+        start = group_rank(group) * vocab_per_rank
+        real = token_columns(vocab_per_rank, group, vocab_size)
+        logps = []
+        for begin in range(0, hidden.shape[0], chunk):
+            rows = slice(begin, min(begin + chunk, hidden.shape[0]))
+            loss, *_ = _chunk_loss(
+                hidden[rows] @ weight.t(), target[rows], group, start, real, vocab_size, 0.0
+            )
+            logps.append(loss.neg_())
+        ctx.save_for_backward(hidden, weight, target)
+        ctx.group, ctx.start, ctx.real, ctx.vocab, ctx.chunk = (
+            group,
+            start,
+            real,
+            vocab_size,
+            chunk,
+        )
+        return torch.cat(logps)
+
+    @staticmethod
+    def backward(ctx, grad_logps):
+        hidden, weight, target = ctx.saved_tensors
+        math = torch.promote_types(weight.dtype, torch.float32)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=math)
+        for begin in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(begin, min(begin + ctx.chunk, hidden.shape[0]))
+            h = hidden[rows]
+            _, _, soft, local, inside = _chunk_loss(
+                h @ weight.t(), target[rows], ctx.group, ctx.start, ctx.real, ctx.vocab, 0.0
+            )
+            # d log p_t / dz = onehot(t) - softmax, times the token's upstream gradient
+            g = grad_logps[rows].to(math)
+            soft[:, : ctx.real].mul_(-g.unsqueeze(-1))
+            soft[torch.arange(soft.shape[0], device=soft.device), local] += g * inside.to(math)
+            d = soft.to(weight.dtype)
+            del soft
+            grad_hidden[rows] = d @ weight
+            if d.dtype == math:
+                torch.addmm(grad_weight, d.t(), h, out=grad_weight)
+            else:
+                grad_weight += d.t() @ h
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+
+
+def linear_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    tp_group=None,
+    vocab_size: int | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """`(tokens,)` log p(target) under the logits `hidden @ weight.T` (the true vocabulary's
+    softmax), a chunk at a time, fp32: the preference objectives' per-token log-probabilities
+    without the logits. Unlike `linear_cross_entropy` its output is not the final loss (DPO and
+    KTO combine sequence sums non-linearly), so the backward recomputes each chunk's logits: the
+    head runs one more matmul than the unfused head (`megatron/training/metrics/flops.py`
+    counts it). The arguments are `linear_cross_entropy`'s."""
+    padded = weight.shape[0] * group_size(tp_group)
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"linear_log_probs: hidden {tuple(hidden.shape)} must be (tokens, h) and weight "
+            f"{tuple(weight.shape)} (V/tp, h) with the same h"
+        )
+    if tuple(target.shape) != (hidden.shape[0],):
+        raise ValueError(f"linear_log_probs: target must be ({hidden.shape[0]},)")
+    if chunk_tokens < 1:
+        raise ValueError(f"linear_log_probs: chunk_tokens must be >= 1, got {chunk_tokens}")
+    return _LinearLogProbs.apply(
+        hidden, weight, target, tp_group, vocab_size or padded, int(chunk_tokens)
+    )

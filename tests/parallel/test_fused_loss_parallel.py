@@ -5,7 +5,8 @@
   (all-reduced by the copy into the tensor-parallel region, as the head does) and each rank's
   rows of the weight's gradient equal `torch.nn.functional.cross_entropy` on the full fp64
   logits plus PaLM's z-loss written here, within 1e-6 relative; and it runs exactly one max and
-  one sum all-reduce per chunk.
+  one sum all-reduce per chunk. The same for `linear_log_probs` (DPO/KTO's log-probabilities)
+  against `F.log_softmax` at the targets, with a random per-token upstream gradient.
 - DeepSpeed's pipeline engine, Pythia-style toy (embedding tied across the first and the last
   stage) at tp 2, pp 2, and Llama-style toy (untied head) at tp 2, dp 2 with sequence
   parallelism; and DeepSpeed's plain engine (`pipe_parallel_size: 0`, ZeRO 0) at tp 2, dp 2
@@ -93,6 +94,26 @@ def check_function_at_tp2(topo):
     assert abs(loss.item() - ref.item()) <= 1e-6 * abs(ref.item())
     assert_close(h.grad.double(), full_h.grad, "hidden states' gradient", tol=1e-6)
     assert_close(w.grad.double(), full_w.grad[rows], "weight shard's gradient", tol=1e-6)
+
+    # DPO/KTO's per-token log-probabilities at tp 2, for a per-token upstream gradient
+    upstream = torch.randn(TOKENS, generator=gen, dtype=torch.float64)
+    full_h.grad, full_w.grad = None, None
+    ref_logps = F.log_softmax((full_h @ full_w.t())[:, :VOCAB], -1)
+    ref_logps = ref_logps.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    (ref_logps * upstream).sum().backward()
+    h.grad, w.grad = None, None
+    logps = module.linear_log_probs(
+        copy_to_tensor_parallel_region(h, topo.tp_group),
+        w,
+        target,
+        tp_group=topo.tp_group,
+        vocab_size=VOCAB,
+        chunk_tokens=CHUNK,
+    )
+    (logps * upstream.float()).sum().backward()
+    assert_close(logps.double(), ref_logps.detach(), "log-probabilities", tol=1e-6)
+    assert_close(h.grad.double(), full_h.grad, "log-probs' hidden gradient", tol=1e-6)
+    assert_close(w.grad.double(), full_w.grad[rows], "log-probs' weight gradient", tol=1e-6)
 
 
 def _worker(rank, world_size, layouts, plain_runs):

@@ -52,10 +52,10 @@ def _validate_loss_chunks(cfg: Config, sources: dict[str, str]) -> None:
     if not chunk:
         return
     impl = getattr(getattr(cfg, "post_training", None), "train_impl", "normal") or "normal"
-    if impl != "normal":
+    if impl == "rm":
         raise ConfigError(
-            f"loss_chunk_tokens{where} fuses the head with the language-model loss; "
-            f"train_impl: {impl} computes its loss from full logits: set loss_chunk_tokens: 0"
+            f"loss_chunk_tokens{where} fuses the vocabulary head with the loss; train_impl: rm "
+            "ends in a value head, which has no vocabulary: set loss_chunk_tokens: 0"
         )
     if cfg.precision.dtype == "fp16":
         raise ConfigError(

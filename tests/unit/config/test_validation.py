@@ -243,9 +243,8 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
             r"loss_chunk_tokens \(.*bad.yml\) .*ZeRO stage 3",
         ),
         (
-            "loss_chunk_tokens: 512\ntrain_impl: kto\ntrain_data_paths: [a]\n"
-            "train_reward_data_paths: [b]\npack_impl: unpacked\n",
-            r"loss_chunk_tokens \(.*bad.yml\) .*train_impl: kto .*set loss_chunk_tokens: 0",
+            "loss_chunk_tokens: 512\ntrain_impl: rm\n",
+            r"loss_chunk_tokens \(.*bad.yml\) .*train_impl: rm .*set loss_chunk_tokens: 0",
         ),
     ],
 )

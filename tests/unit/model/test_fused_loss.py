@@ -5,6 +5,9 @@ writing full logits, one process, fp32:
   mask: the loss and the gradient of every parameter (the tied embedding's included) within
   1e-6 of the unfused model's (max-abs error over max-abs value);
 - the same FLOPs in a training step (torch's FLOP counter): no head matmul is recomputed;
+- DPO and KTO from chunked log-probabilities: the same loss and every gradient within 1e-6, and
+  exactly one head forward more of FLOPs (the backward's recomputation, which the step-time
+  plan counts);
 - evaluation (`torch.no_grad`): the same loss;
 - generation/scoring (`inference_config`) and muP's coordinate check build the logits head;
 - the heads return their inputs `(hidden (s, b, h), weight)` and the weight is the head's own
@@ -33,7 +36,7 @@ def _args(kind: str, **changes):
     make = llama_args if kind == "untied" else neox_args
     if kind == "moe":  # experts on layers 0 and 2, dropout off (the routing is then fixed)
         changes = dict(MOE, hidden_dropout=0.0, attention_dropout=0.0, **changes)
-    return make(vocab_size=VOCAB, true_vocab_size=TRUE_VOCAB, z_loss=1e-3, **changes)
+    return make(**{"vocab_size": VOCAB, "true_vocab_size": TRUE_VOCAB, "z_loss": 1e-3, **changes})
 
 
 def _batch(seed=0):
@@ -111,3 +114,65 @@ def test_tools_that_read_logits_build_the_unfused_head():
     cfg = tiny_config(loss_chunk_tokens=8)
     assert cfg.model.loss_chunk_tokens == 8
     assert inference_config(cfg).model.loss_chunk_tokens == 0
+
+
+def _objective_loss_and_grads(train_impl: str, chunk: int, labels):
+    from megatron.training.objectives import build_objective
+    from tests.tiny import tiny_config
+
+    model = build_gpt(_args("tied", z_loss=0.0, loss_chunk_tokens=chunk))
+    cfg = tiny_config().replace(
+        train_impl=train_impl, true_vocab_size=TRUE_VOCAB, loss_chunk_tokens=chunk
+    )
+    objective = build_objective(cfg)
+    objective.install(model)
+    inputs, _ = _batch()
+    loss = model.loss_fn(model(*inputs), labels)
+    loss.backward()
+    return loss.detach(), full_state_dict(model, grads=True)
+
+
+@pytest.mark.parametrize("train_impl", ["dpo", "kto"])
+def test_dpo_and_kto_losses_and_gradients_equal_the_unfused_model(train_impl):
+    """The preference losses from chunked log-probabilities (`linear_log_probs`): the same
+    loss and every gradient within 1e-6, the reference log-probabilities given."""
+    gen = torch.Generator().manual_seed(7)
+    _, (labels, mask) = _batch()
+    from megatron.training.objectives.logprobs import sequence_logps
+
+    with torch.no_grad():  # near the policy's own, so no sigmoid saturates
+        model = build_gpt(_args("tied", z_loss=0.0))
+        policy = sequence_logps(model(*_batch()[0]), labels, mask, vocab_size=TRUE_VOCAB)
+    ref = policy + torch.randn(BATCH, generator=gen)
+    if train_impl == "dpo":
+        loss_inputs = (labels, mask, ref)
+    else:
+        reward = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]]).expand(BATCH, SEQ)
+        loss_inputs = (labels, mask, ref, reward)
+    ref_loss, ref_grads = _objective_loss_and_grads(train_impl, 0, loss_inputs)
+    loss, grads = _objective_loss_and_grads(train_impl, 6, loss_inputs)
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * abs(ref_loss.item())
+    for name, grad in grads.items():
+        assert_close(grad, ref_grads[name], f"gradient of {name}", tol=1e-6)
+
+
+def test_chunked_log_probs_recompute_the_head_forward_once():
+    """DPO's fused step runs the head's forward twice (the backward recomputes each chunk's
+    logits): torch's FLOP counter sees 2·tokens·h·V more than the unfused step, the term
+    `planning/steptime.py::step_flops` adds for DPO/KTO with `loss_chunk_tokens`."""
+    from megatron.training.objectives import build_objective
+    from tests.flop_counter import flop_counter
+    from tests.tiny import tiny_config
+
+    inputs, (labels, mask) = _batch()
+    flops = []
+    for chunk in (0, 16):
+        model = build_gpt(_args("tied", z_loss=0.0, loss_chunk_tokens=chunk))
+        cfg = tiny_config().replace(
+            train_impl="dpo", true_vocab_size=TRUE_VOCAB, loss_chunk_tokens=chunk
+        )
+        build_objective(cfg).install(model)
+        with flop_counter() as counter:
+            model.loss_fn(model(*inputs), (labels, mask, torch.zeros(BATCH))).backward()
+        flops.append(counter.get_total_flops())
+    assert flops[1] - flops[0] == 2 * BATCH * SEQ * model.args.hidden_size * VOCAB

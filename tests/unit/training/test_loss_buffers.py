@@ -12,8 +12,9 @@ on a loaded 2-core CPU, and the count does not depend on the tokens as long as t
 entropy runs several chunks (here 26 of 20 rows; `megatron/parallel/cross_entropy.py`).
 
 - The fused head and loss (`loss_chunk_tokens` 64 here, 8 chunks), with and without the
-  z-loss: none. Each chunk's logits (64 x 50304) are below the threshold; nothing of the
-  tokens x vocabulary size is written, in the forward or the backward, fp32 or bf16.
+  z-loss, and DPO's and KTO's chunked log-probabilities: none. Each chunk's logits (64 x 50304)
+  are below the threshold; nothing of the tokens x vocabulary size is written, in the forward
+  or the backward, fp32 or bf16.
 - Every other path: the logits alone. The cross entropy consumes them (their memory holds the
   softmax, then the gradient the head's backward reads), the z-loss takes the logsumexp the
   cross entropy computes, and DPO's and KTO's log-probabilities consume them as the
@@ -45,6 +46,8 @@ PATHS = {
     "lm fused z_loss": ("normal", 1e-4, 64, 0),
     "dpo": ("dpo", 0.0, 0, 1),
     "kto": ("kto", 0.0, 0, 1),
+    "dpo fused": ("dpo", 0.0, 64, 0),
+    "kto fused": ("kto", 0.0, 64, 0),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -88,7 +91,9 @@ def one_step(path: str, dtype_name: str) -> LargeTensors:
     torch.manual_seed(0)
     model = build_gpt(model_args(z_loss, chunk)).to(DTYPES[dtype_name]).train()
     if train_impl != "normal":
-        cfg = tiny_config().replace(train_impl=train_impl, true_vocab_size=TOKENS)
+        cfg = tiny_config().replace(
+            train_impl=train_impl, true_vocab_size=TOKENS, loss_chunk_tokens=chunk
+        )
         build_objective(cfg).install(model)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, TOKENS, (B, S), generator=generator)
