@@ -4,6 +4,7 @@ writing full logits, one process, fp32:
 - tied (Pythia-style), untied (Llama-style) and MoE models, padded vocabulary, z-loss, loss
   mask: the loss and the gradient of every parameter (the tied embedding's included) within
   1e-6 of the unfused model's (max-abs error over max-abs value);
+- bf16: the same loss and every gradient within bf16 rounding of the unfused bf16 model's;
 - the same FLOPs in a training step (torch's FLOP counter): no head matmul is recomputed;
 - DPO and KTO from chunked log-probabilities: the same loss and every gradient within 1e-6, and
   exactly one head forward more of FLOPs (the backward's recomputation, which the step-time
@@ -65,6 +66,29 @@ def test_fused_loss_and_every_gradient_equal_the_unfused_model(kind, chunk):
     assert set(grads) == set(ref_grads)
     for name, grad in grads.items():
         assert_close(grad, ref_grads[name], f"gradient of {name}", tol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied"])
+def test_bf16_loss_and_gradients_equal_the_unfused_bf16_model_to_bf16_rounding(kind):
+    """bf16 weights (as DeepSpeed's bf16 engines hold them): the same fp32 loss from the same
+    bf16 logits, and every gradient within one bf16 rounding step (2^-8 of its norm): the
+    weight's gradient is summed over chunks in fp32 where the unfused head's is one bf16
+    matmul."""
+    inputs, labels = _batch()
+    runs = []
+    for chunk in (0, 16):
+        model = build_gpt(_args(kind, loss_chunk_tokens=chunk)).to(torch.bfloat16)
+        loss = model.loss_fn(model(*inputs), labels)
+        loss.backward()
+        runs.append((loss.detach(), full_state_dict(model, grads=True)))
+    (ref_loss, ref_grads), (loss, grads) = runs
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - ref_loss.item()) <= 1e-6 * abs(ref_loss.item())
+    for name, grad in grads.items():
+        assert grad.dtype == torch.bfloat16, name
+        ref = ref_grads[name].double()
+        error = (grad.double() - ref).norm() / ref.norm().clamp_min(1e-30)
+        assert error <= 2.0**-8, f"gradient of {name}: {error:.2e}"
 
 
 @pytest.mark.parametrize("kind", ["tied", "untied"])
