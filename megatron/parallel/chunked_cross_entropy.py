@@ -23,11 +23,13 @@ The cross entropy is `vocab_parallel_cross_entropy`'s (`cross_entropy.py`): labe
 Why the gradients are computed in the forward (as Liger's fused linear cross entropy does)
 rather than recomputed in the backward: the output is the final scalar loss, a weighted sum
 whose weights are known in the forward, so its gradient with respect to every token's logits is
-known there too, up to the one scalar that flows back (1, or a loss scale, or a gradient
-accumulation factor), which the backward multiplies in. Recomputing the logits in the backward
-would cost a third head matrix multiply (4 instead of the unfused head's 3, a third more head
-FLOPs; the head is about 17% of a 160M model's FLOPs); this way the head's FLOPs are exactly the
-unfused head's (`megatron/training/metrics/flops.py` counts the same work for both). The price:
+known there too, up to the one scalar that flows back (1, or a gradient accumulation factor),
+which the backward multiplies in. Recomputing the logits in the backward would cost a fourth
+head matrix multiply (4 instead of the unfused head's 3, a third more head FLOPs, and the head is
+about a quarter of a 160M model's); this way the head's FLOPs are exactly the unfused head's
+(`megatron/training/metrics/flops.py` counts the same work for both). Because the logits'
+gradient is made and cast to the weight's dtype before that scalar arrives, an fp16 loss scale
+could not keep it from underflowing: the config refuses the fused path in fp16. The price:
 the hidden states' gradient `(tokens, h)` and the weight's `(V/tp, h)` (fp32 for lower-precision
 weights) are held from the forward to the backward, far less than the logits. A forward
 without gradients (evaluation; `torch.no_grad`) computes the loss alone.
@@ -94,7 +96,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         vocab_per_rank = weight.shape[0]
         start = group_rank(group) * vocab_per_rank
         real = token_columns(vocab_per_rank, group, vocab_size)  # the rest is padding
-        vocab = vocab_size  # the true vocabulary (the caller resolved None)
         math = torch.promote_types(weight.dtype, torch.float32)
         total = torch.zeros((), dtype=math, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if grad else None
@@ -105,7 +106,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h = hidden[rows]  # (c, h)
             logits = h @ weight.t()  # (c, V/tp), in the weight's dtype, as the head writes them
             loss, lse, soft, local, inside = _chunk_loss(
-                logits, target[rows], group, start, real, vocab, eps
+                logits, target[rows], group, start, real, vocab_size, eps
             )
             del logits
             w = token_weights[rows].to(math)
@@ -121,7 +122,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             scale = w if zw is None else w + 2.0 * zw * lse
             soft[:, :real].mul_(scale.unsqueeze(-1))
             if eps:
-                soft[:, :real].sub_((eps / vocab) * w.unsqueeze(-1))
+                soft[:, :real].sub_((eps / vocab_size) * w.unsqueeze(-1))
             onehot = (1.0 - eps) * w * inside.to(math)
             soft[torch.arange(soft.shape[0], device=soft.device), local] -= onehot
             d = soft.to(weight.dtype)  # (c, V/tp): the logits' gradient, in their dtype
@@ -141,7 +142,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         if grad_total is None or grad_hidden is None:
             return (None,) * 10
-        # The scalar that flows back (1, a loss scale, 1 / accumulation steps).
+        # The scalar that flows back (1, 1 / accumulation steps), multiplied in place: a second
+        # backward (retain_graph) finds the saved tensors modified and autograd refuses it.
         g_hidden = grad_hidden.mul_(grad_total.to(grad_hidden.dtype))
         g_weight = grad_weight.mul_(grad_total.to(grad_weight.dtype))
         return (

@@ -12,6 +12,7 @@ here (`z · logsumexp(logits)²`), masked-mean over the tokens, differentiated b
 - the upstream gradient is a scalar factor (a loss scale) and reaches both gradients;
 - under `torch.no_grad` the same loss, and no gradient buffers are made;
 - the padding rows of the weight get exactly zero gradient;
+- a second backward (which would scale the stored gradients twice) is refused by autograd;
 - invalid arguments raise `ValueError`;
 - `linear_log_probs` (DPO/KTO's per-token log-probabilities, the backward recomputing each
   chunk): `F.log_softmax` of the full logits at the targets, and its gradients for an arbitrary
@@ -124,6 +125,16 @@ def test_the_upstream_scalar_scales_both_gradients():
         grads.append((h.grad, w.grad))
     torch.testing.assert_close(grads[1][0], 1024.0 * grads[0][0], rtol=1e-6, atol=0)
     torch.testing.assert_close(grads[1][1], 1024.0 * grads[0][1], rtol=1e-6, atol=0)
+
+
+def test_a_second_backward_is_refused():
+    hidden, weight, mask, gen = _batch(torch.float32, seed=6)
+    target = torch.randint(0, PADDED, (TOKENS,), generator=gen)
+    hidden.requires_grad_()
+    loss = linear_cross_entropy(hidden, weight, target, mask / mask.sum())
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
 
 
 def test_no_grad_gives_the_loss_alone():
