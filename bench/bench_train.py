@@ -2,7 +2,8 @@
 
     python bench/bench_train.py [configs/small.yml configs/local.yml] [--steps 20] [--warmup 3]
                                 [--set KEY=VALUE ...] [--engines pipeline,plain]
-                                [--precisions fp32,bf16] [--compiled] [--out PATH]
+                                [--precisions fp32,bf16] [--compiled]
+                                [--loss-chunk-tokens N] [--out PATH]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
 pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
@@ -11,7 +12,9 @@ entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW` with the sam
 For each precision in `--precisions`: fp32, and bf16 (ours: `precision: bfloat16`, DeepSpeed's
 bf16 weights with fp32 master weights; the loop: fp32 weights under `torch.autocast` bf16),
 skipped with a note where the device has no bf16 kernels. `--compiled` adds the loop over
-`torch.compile(model)` and our plain engine with `torch_compile: true`. Every contender trains
+`torch.compile(model)` and our plain engine with `torch_compile: true`. `--loss-chunk-tokens N`
+adds each engine again with `loss_chunk_tokens: N` (the head fused with the loss, N tokens a
+chunk; the config's own value stays on the other contenders). Every contender trains
 `--warmup` untimed then `--steps` timed global batches, the same batches read from the
 config's training data, taking turns batch by batch (fair under a changing machine load).
 Reports tokens/s, achieved GFLOP/s (model FLOPs, `megatron/training/metrics/flops.py`) and
@@ -190,6 +193,11 @@ def contenders(args, parser, precision: str, batches, notes: list) -> dict:
             parser.error(f"--engines: '{engine}' is not one of {', '.join(engines)}")
         cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine], **sets)
         steps[f"ours, {engine} engine"] = ours(cfg, batches)
+        if args.loss_chunk_tokens:
+            chunk = args.loss_chunk_tokens
+            cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine],
+                          loss_chunk_tokens=chunk, **sets)  # fmt: skip
+            steps[f"ours, {engine} engine, loss_chunk_tokens {chunk}"] = ours(cfg, batches)
     if compiled:
         cfg = resolve(args.configs, args.overrides, pipe_parallel_size=0, torch_compile=True,
                       **sets)  # fmt: skip
@@ -213,6 +221,8 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", default="pipeline,plain")
     parser.add_argument("--precisions", default="fp32,bf16", help="of: fp32, bf16")
     parser.add_argument("--compiled", action="store_true", help="add the torch.compile'd runs")
+    parser.add_argument("--loss-chunk-tokens", type=int, default=0,
+                        help="add each engine with the head fused with the loss")  # fmt: skip
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="path of the JSON to write")
     args = parser.parse_args(argv)
     out = Path(args.out).expanduser().resolve()
@@ -265,11 +275,11 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     print(
-        f"{'precision':9s} {'contender':50s} {'tokens/s':>9s} {'GFLOP/s':>8s} vs loop: total median"
+        f"{'precision':9s} {'contender':58s} {'tokens/s':>9s} {'GFLOP/s':>8s} vs loop: total median"
     )
     for r in rows:
         print(
-            f"{r['precision']:9s} {r['contender']:50s} {r['tokens_per_sec']:9,.0f} "
+            f"{r['precision']:9s} {r['contender']:58s} {r['tokens_per_sec']:9,.0f} "
             f"{r['gflops_per_sec']:8.2f} {r['vs_eager_loop']:14.2f} "
             f"{r['vs_eager_loop_median_step']:6.2f}"
         )

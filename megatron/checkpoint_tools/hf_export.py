@@ -265,6 +265,7 @@ def _plain(args: ModelArgs) -> ModelArgs:
         pipe_parallel_size=0,
         sequence_parallel=False,
         checkpoint_activations=False,
+        loss_chunk_tokens=0,  # the parity check compares logits
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )

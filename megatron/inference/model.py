@@ -43,8 +43,10 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def inference_config(cfg):
-    """The run config with training-only behaviour switched off (same weights)."""
+    """The run config with training-only behaviour switched off (same weights): the head
+    writes logits (no fused loss), which generation and scoring read."""
     return cfg.replace(
+        loss_chunk_tokens=0,
         sequence_parallel=False,
         checkpoint_activations=False,
         partition_activations=False,

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.args import ModelArgs
+from megatron.model.head import head_inputs
 from megatron.model.init_methods import input_init
 from megatron.model.positional import build_input_positions
 from megatron.parallel import (
@@ -49,13 +50,22 @@ class WordEmbeddingPipe(nn.Module):
         )
         # muP's readout multiplier of the tied head (`megatron/model/mup.py::apply_mup`).
         self.mup_readout_mult: float | None = None
+        # > 0: the tied head returns its inputs for the fused loss (`head.py::head_inputs`)
+        self.loss_chunk_tokens = args.loss_chunk_tokens
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]):
         tokens, position_ids = inputs  # (b, s) each
         return self.word_embeddings(tokens), position_ids  # (b, s, h)
 
-    def project_to_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Tied head: `(s, b, h)` (or `(s/tp, b, h)` under SP) -> logits `(b, s, V/tp)`."""
+    def project_to_vocab(self, hidden: torch.Tensor):
+        """Tied head: `(s, b, h)` (or `(s/tp, b, h)` under SP) -> logits `(b, s, V/tp)`; with
+        `loss_chunk_tokens` > 0 the head's inputs `(hidden (s, b, h), table shard (V/tp, h))`
+        instead (`head.py::head_inputs`)."""
+        if self.loss_chunk_tokens:
+            if self.mup_readout_mult is not None:
+                hidden = hidden * self.mup_readout_mult
+            weight = self.word_embeddings.weight
+            return head_inputs(hidden, weight, self.tp_group, self.sequence_parallel)
         if self.sequence_parallel:
             hidden = gather_from_sequence_parallel_region(hidden, self.tp_group)  # (s, b, h)
         else:

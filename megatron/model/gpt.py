@@ -8,6 +8,10 @@
   `nn.Module` for DeepSpeed's ordinary engine (ZeRO 2/3): `model(tokens, position_ids)` gives
   logits `(b, s, V/tp)`, `model.loss_fn(logits, (labels, loss_mask))` the loss.
 
+With `loss_chunk_tokens` > 0 the output of either model is the head's inputs
+`(hidden (s, b, h), weight (V/tp, h))` instead of logits, and `loss_fn` computes the head and the
+loss together from them, chunk by chunk (`megatron/model/loss.py`, `head.py`).
+
 Both are built in fp32 on the CPU (the pipeline module then moves itself to the accelerator);
 DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group
 and the true vocabulary (padding logits masked out), `args` (the `ModelArgs`) and, with tensor
@@ -178,7 +182,7 @@ def build_gpt(args: ModelArgs, topology=None) -> nn.Module:
     partition_method = _check_partition_method(args.pipe_partition_method)
     specs = gpt_layer_specs(args, tp_group, ep_group)
     interval = args.checkpoint_num_layers if args.checkpoint_activations else 0
-    loss_fn = bound_loss_fn(tp_group, args.z_loss, args.true_vocab_size)
+    loss_fn = bound_loss_fn(tp_group, args.z_loss, args.true_vocab_size, args.loss_chunk_tokens)
     if interval:
         configure_activation_checkpointing(args, topology)
     if args.pipe_parallel_size >= 1:

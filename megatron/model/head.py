@@ -4,6 +4,14 @@
 sharded over the vocabulary, `(b, s, V/tp)`: the loss (`loss.py`) is vocab-parallel, so the
 full vocabulary is never gathered.
 
+With `loss_chunk_tokens` > 0 both heads write no logits: they return the head's inputs,
+`(hidden (s, b, h), weight (V/tp, h))` (`head_inputs`), the hidden states already in the
+tensor-parallel region as the column-parallel projection takes them, and the loss computes the
+projection and the cross entropy together a chunk of tokens at a time
+(`megatron/parallel/chunked_cross_entropy.py`). The weight travels as it is, so its gradient
+lands on the head's parameter (the tied table's, which DeepSpeed's tied-weight all-reduce then
+sees on every stage that holds a copy).
+
 A reward model (`train_impl: rm`) ends in `ValueHeadPipe` instead: one scalar per token,
 `(b, s)`, from a `(1, h)` weight without bias, `score.weight` (GPT-NeoX's `rm_linear`,
 Hugging Face's `score` of its `...ForSequenceClassification` models). The weight is replicated
@@ -21,8 +29,25 @@ from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init
 from megatron.model.neox_names import accept_neox_names
 from megatron.model.norms import build_norm
-from megatron.parallel import ColumnParallelLinear, gather_from_sequence_parallel_region
+from megatron.parallel import (
+    ColumnParallelLinear,
+    copy_to_tensor_parallel_region,
+    gather_from_sequence_parallel_region,
+)
 from megatron.parallel.comm import group_size
+
+
+def head_inputs(hidden: torch.Tensor, weight: torch.Tensor, tp_group, sequence_parallel: bool):
+    """`(hidden (s, b, h), weight)` for the fused loss: the hidden states enter the
+    tensor-parallel region as `ColumnParallelLinear`'s input does (under sequence parallelism
+    the all-gather of the sequence, whose backward reduce-scatters the gradient; otherwise the
+    copy, whose backward all-reduces it), so every rank projects the same full hidden states
+    onto its vocabulary shard."""
+    if sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, tp_group)  # (s, b, h)
+    else:
+        hidden = copy_to_tensor_parallel_region(hidden, tp_group)
+    return hidden, weight
 
 
 class FinalNormPipe(nn.Module):
@@ -54,10 +79,15 @@ class OutputHeadPipe(nn.Module):
         )
         # muP's readout multiplier (`megatron/model/mup.py::apply_mup`).
         self.mup_readout_mult: float | None = None
+        # > 0: return the head's inputs for the fused loss (module docstring)
+        self.loss_chunk_tokens = args.loss_chunk_tokens
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor):
         if self.mup_readout_mult is not None:
             hidden = hidden * self.mup_readout_mult
+        if self.loss_chunk_tokens:
+            linear = self.final_linear
+            return head_inputs(hidden, linear.weight, linear.tp_group, linear.sequence_parallel)
         if self.final_linear.sequence_parallel:
             logits = self.final_linear(hidden)  # (s, b, V/tp); gathers the sequence first
             return logits.transpose(0, 1).contiguous()  # (b, s, V/tp)

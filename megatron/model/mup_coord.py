@@ -25,9 +25,11 @@ from megatron.model.param_groups import param_groups
 
 def widen(args: ModelArgs, width: int, base: dict | None) -> ModelArgs:
     """`args` at hidden size `width` (heads kept, so the head width grows), muP on when
-    `base` (base shapes) is given."""
+    `base` (base shapes) is given; the head writes logits (the check records them), whatever
+    `loss_chunk_tokens`."""
     return dataclasses.replace(
         args,
+        loss_chunk_tokens=0,
         hidden_size=width,
         head_dim=width // args.num_attention_heads,
         use_mup=base is not None,

@@ -8,9 +8,11 @@
 | `params`           | sharded parameter creation, marks, gathering, sequence-parallel grads |
 | `layers`           | `ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding` |
 | `cross_entropy`    | `vocab_parallel_cross_entropy`                                        |
+| `chunked_cross_entropy` | `linear_cross_entropy`: the head and the loss, chunk by chunk |
 | `random`           | `model_parallel_seed`, the tensor-parallel RNG tracker                |
 """
 
+from megatron.parallel.chunked_cross_entropy import linear_cross_entropy
 from megatron.parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.parallel.layers import (
     ColumnParallelLinear,
@@ -54,6 +56,7 @@ __all__ = [
     "gather_full_parameter",
     "get_rng_tracker",
     "is_tensor_parallel",
+    "linear_cross_entropy",
     "mark_sequence_parallel",
     "model_parallel_seed",
     "reduce_from_tensor_parallel_region",

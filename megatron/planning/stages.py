@@ -114,7 +114,7 @@ def plan_stages(args: ModelArgs, pp: int, tp: int, ep: int, dtype: torch.dtype) 
     plain = dataclasses.replace(args, use_mup=False, pipe_parallel_size=0)
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # layer specs seed torch
         specs = gpt_layer_specs(plain, tp_group, ep_group)
-        loss_fn = bound_loss_fn(tp_group, args.z_loss, args.true_vocab_size)
+        loss_fn = bound_loss_fn(tp_group, args.z_loss, args.true_vocab_size, args.loss_chunk_tokens)
         model = GPTModel(specs, loss_fn=loss_fn)
         bounds = stage_bounds(specs, pp, args.pipe_partition_method)
     for p in model.parameters():

@@ -160,12 +160,16 @@ def communication(
 
 def step_flops(cfg, objective) -> tuple[float, int]:
     """FLOPs the hardware runs per step (all ranks) and the tokens trained on: the model FLOPs
-    of `step_work`, and under activation checkpointing the layers' forward once more (the
-    output head is not recomputed)."""
+    of `step_work`, under activation checkpointing the layers' forward once more (the output
+    head is not recomputed there), and for DPO/KTO with `loss_chunk_tokens` the head's forward
+    once more (`linear_log_probs` recomputes each chunk's logits in the backward; the
+    language-model loss does not)."""
     work = step_work(cfg, objective)
     flops = work.flops
+    shape = shape_from_config(cfg)
+    head = 2 * shape.hidden_size * shape.vocab_size
     if cfg.model.checkpoint_activations:
-        shape = shape_from_config(cfg)
-        head = 2 * shape.hidden_size * shape.vocab_size
         flops += work.tokens * (forward_flops_per_token(shape) - head)
+    if cfg.model.loss_chunk_tokens and not objective.language_model:
+        flops += work.tokens * head
     return flops, work.tokens

@@ -43,6 +43,34 @@ def _validate_attention_variants(m, sources: dict[str, str]) -> None:
         raise ConfigError(f"z_loss{_src(sources, 'z_loss')} must be >= 0, got {m.z_loss}")
 
 
+def _validate_loss_chunks(cfg: Config, sources: dict[str, str]) -> None:
+    """`loss_chunk_tokens` (the fused head and loss): >= 0, and only where it takes effect."""
+    chunk = cfg.model.loss_chunk_tokens
+    where = _src(sources, "loss_chunk_tokens")
+    if chunk < 0:
+        raise ConfigError(f"loss_chunk_tokens{where} must be >= 0 (0: off), got {chunk}")
+    if not chunk:
+        return
+    impl = getattr(getattr(cfg, "post_training", None), "train_impl", "normal") or "normal"
+    if impl == "rm":
+        raise ConfigError(
+            f"loss_chunk_tokens{where} fuses the vocabulary head with the loss; train_impl: rm "
+            "ends in a value head, which has no vocabulary: set loss_chunk_tokens: 0"
+        )
+    if cfg.precision.dtype == "fp16":
+        raise ConfigError(
+            f"loss_chunk_tokens{where} computes the logits' gradient in the forward, before the "
+            "fp16 loss scale is applied, so small probabilities would underflow in fp16: set "
+            "loss_chunk_tokens: 0 or train in bf16/fp32"
+        )
+    if cfg.parallel.zero_stage == 3:
+        raise ConfigError(
+            f"loss_chunk_tokens{where} hands the head's weight to the loss, after the head's "
+            "forward, where ZeRO stage 3 has partitioned it again: set loss_chunk_tokens: 0 "
+            "or a ZeRO stage below 3"
+        )
+
+
 def validate_model(cfg: Config, sources: dict[str, str]) -> None:
     m, tp = cfg.model, cfg.parallel.model_parallel_size
     for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
@@ -53,6 +81,7 @@ def validate_model(cfg: Config, sources: dict[str, str]) -> None:
             raise ConfigError(f"{key}{_src(sources, key)} must be positive, got {value}")
     heads = m.num_attention_heads
     _validate_attention_variants(m, sources)
+    _validate_loss_chunks(cfg, sources)
     split = heads_split_hidden(m.layer_attention_types)  # every layer mamba: heads unused
     if m.head_dim is None and m.hidden_size % heads and split:
         raise ConfigError(

@@ -189,6 +189,22 @@ class ModelConfig:
     `train_impl: rm` it is GPT-NeoX's reward penalty instead, `z_loss × mean(r_chosen² +
     r_rejected²)` (`megatron/training/objectives/rm.py`)."""
 
+    loss_chunk_tokens: int = 0
+    """Compute the output head and the language-model loss together, this many tokens at a
+    time, so that no tokens × vocabulary logits tensor is ever written: each chunk's logits,
+    its cross entropy (and z-loss) and at once its gradient of the hidden states and of the
+    head weight, then the next chunk (`megatron/parallel/chunked_cross_entropy.py`). The head's
+    FLOPs are the unfused head's; memory drops by the logits, their fp32 softmax and their
+    gradient (tokens × padded vocabulary / tp each). 1024 suits a 50k-150k vocabulary on a CPU
+    or a GPU (one chunk's fp32 logits: 1024 × V/tp × 4 bytes). 0: off, the head writes the full
+    logits and the loss reads them (`megatron/parallel/cross_entropy.py`). DPO and KTO take
+    their log-probabilities (policy and reference) the same way, their backward recomputing
+    each chunk's logits (one more head matmul). Not with `train_impl: rm` (a value head), ZeRO
+    stage 3 (whose partitioned head weight is gathered only inside the head's forward) or fp16
+    (the language-model loss makes the logits' gradient in the forward, before the loss scale,
+    where it would underflow); those refuse a value > 0. Evaluation losses take the same path;
+    generation and the other tools write logits."""
+
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (activation checkpointing)."""
 

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from megatron.parallel.chunked_cross_entropy import DEFAULT_CHUNK_TOKENS
 from megatron.parallel.comm import all_reduce
 from megatron.parallel.host_values import collective_device, world_group
 
@@ -97,6 +98,9 @@ class Objective:
         self.tp_group = tp_group
         # The true vocabulary: logit columns from it on are padding, masked out of the loss.
         self.vocab_size = getattr(getattr(cfg, "model", None), "true_vocab_size", None)
+        # Tokens per chunk where the model hands over the head's inputs (`loss_chunk_tokens`).
+        chunk = getattr(getattr(cfg, "model", None), "loss_chunk_tokens", 0)
+        self.chunk_tokens = chunk or DEFAULT_CHUNK_TOKENS
         self.metrics = MetricSums(self.metric_names)
 
     @property

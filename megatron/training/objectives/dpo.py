@@ -61,14 +61,27 @@ class DPO(Objective):
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
         return sequence_logps(
-            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+            logits,
+            labels,
+            mask,
+            self.tp_group,
+            self.fp32,
+            self.vocab_size,
+            chunk_tokens=self.chunk_tokens,
         ).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref = loss_inputs
         # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
         pi = sequence_logps(
-            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size, consume=True
+            logits,
+            labels,
+            mask,
+            self.tp_group,
+            self.fp32,
+            self.vocab_size,
+            consume=True,
+            chunk_tokens=self.chunk_tokens,
         )  # (2b,)
         pi_c, pi_r = pi.chunk(2)
         ref_c, ref_r = ref.to(pi.dtype).chunk(2)

@@ -85,14 +85,27 @@ class KTO(Objective):
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
         return sequence_logps(
-            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size
+            logits,
+            labels,
+            mask,
+            self.tp_group,
+            self.fp32,
+            self.vocab_size,
+            chunk_tokens=self.chunk_tokens,
         ).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref, reward = loss_inputs
         # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
         pi = sequence_logps(
-            logits, labels, mask, self.tp_group, self.fp32, self.vocab_size, consume=True
+            logits,
+            labels,
+            mask,
+            self.tp_group,
+            self.fp32,
+            self.vocab_size,
+            consume=True,
+            chunk_tokens=self.chunk_tokens,
         )  # (b,)
         ratio = pi - ref.to(pi.dtype)
         half1, half2 = ratio.detach().chunk(2)

@@ -8,6 +8,11 @@ whatever the padding and matches `generate.py`'s precomputed ones. Reference
 log-probabilities either come from a reference model's logits through the same function or
 from the sample (`ref`, `pos_ref`, `neg_ref`: float per-token values aligned with the text,
 of which the last is dropped exactly as the last token is).
+
+With `loss_chunk_tokens` > 0 the model hands over the head's inputs `(hidden (s, b, h),
+weight)` instead of logits (`megatron/model/head.py`); `sequence_logps` then takes the
+per-token log-probabilities from `linear_log_probs`, a chunk of tokens at a time, without the
+logits (its backward recomputes each chunk's logits).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from megatron.parallel import vocab_parallel_cross_entropy
+from megatron.parallel.chunked_cross_entropy import DEFAULT_CHUNK_TOKENS, linear_log_probs
 
 
 def sequence_logps(
@@ -25,6 +31,7 @@ def sequence_logps(
     fp32: bool = True,
     vocab_size: int | None = None,
     consume: bool = False,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
     """`(b,)` sum over masked tokens of log p(label) under `(b, s, V/tp)` logits, in fp32
     (fp64 for fp64 logits), over the first `vocab_size` columns (None: all).
@@ -33,13 +40,32 @@ def sequence_logps(
     `dpo_fp32`/`kto_fp32` off); the cross entropy itself always runs in fp32 here. `consume`:
     nothing reads the logits after this call, so their memory takes the softmax and then the
     gradient (`vocab_parallel_cross_entropy`'s `consume_logits`), not a new logits-sized
-    buffer: the objectives' training losses, which the engines hand the model's output."""
-    token_logps = -vocab_parallel_cross_entropy(
-        logits, labels, tp_group, vocab_size=vocab_size, consume_logits=consume
-    )
+    buffer: the objectives' training losses, which the engines hand the model's output.
+    `logits` may instead be the head's inputs `(hidden (s, b, h), weight (V/tp, h))` (module
+    docstring), taken `chunk_tokens` tokens at a time."""
+    if isinstance(logits, tuple):
+        hidden, weight = logits
+        dtype = hidden.dtype
+        token_logps = (
+            linear_log_probs(
+                hidden.reshape(-1, hidden.shape[-1]),  # (s*b, h)
+                weight,
+                labels.t().reshape(-1),
+                tp_group=tp_group,
+                vocab_size=vocab_size,
+                chunk_tokens=chunk_tokens,
+            )
+            .view(labels.shape[1], labels.shape[0])
+            .t()
+        )  # (b, s)
+    else:
+        dtype = logits.dtype
+        token_logps = -vocab_parallel_cross_entropy(
+            logits, labels, tp_group, vocab_size=vocab_size, consume_logits=consume
+        )
     mask = loss_mask.to(token_logps.dtype)
     if not fp32:
-        token_logps, mask = token_logps.to(logits.dtype), mask.to(logits.dtype)
+        token_logps, mask = token_logps.to(dtype), mask.to(dtype)
     total = (token_logps * mask).sum(-1)
     return total.to(torch.promote_types(total.dtype, torch.float32))
 

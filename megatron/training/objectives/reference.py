@@ -85,7 +85,8 @@ class ReferenceModel:
 
     def _stash_logps(self, logits, loss_inputs):
         self._stash.append(self.objective.reference_logps(logits, loss_inputs))
-        return torch.zeros((), device=logits.device)  # eval_batch averages a loss
+        device = (logits[0] if isinstance(logits, tuple) else logits).device  # (head inputs)
+        return torch.zeros((), device=device)  # eval_batch averages a loss
 
     def fill(self, micro_batches: list) -> list:
         """The same micro-batches with their reference log-probabilities (on every rank that

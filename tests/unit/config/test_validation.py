@@ -231,3 +231,30 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
     cfg = load_config([write("a.yml", text)], warn=warn)
     assert any("zero_optimization: {stage: 1}" in w for w in warn)
     assert "data_types" not in deepspeed_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("loss_chunk_tokens: -1\n", r"loss_chunk_tokens \(.*bad.yml\) must be >= 0"),
+        ("loss_chunk_tokens: 512\nprecision: fp16\n", r"loss_chunk_tokens .*underflow in fp16"),
+        (
+            "loss_chunk_tokens: 512\npipe_parallel_size: 0\nzero_optimization: {stage: 3}\n",
+            r"loss_chunk_tokens \(.*bad.yml\) .*ZeRO stage 3",
+        ),
+        (
+            "loss_chunk_tokens: 512\ntrain_impl: rm\n",
+            r"loss_chunk_tokens \(.*bad.yml\) .*train_impl: rm .*set loss_chunk_tokens: 0",
+        ),
+    ],
+)
+def test_loss_chunk_tokens_is_refused_where_it_would_not_apply(write, text, message):
+    with pytest.raises(ConfigError, match=message):
+        _load(write, text, vocab_size=100)
+
+
+def test_loss_chunk_tokens_reaches_the_model(write):
+    from megatron.model import ModelArgs
+
+    cfg = _load(write, "loss_chunk_tokens: 512\n", vocab_size=100)
+    assert ModelArgs.from_config(cfg).loss_chunk_tokens == 512

@@ -11,7 +11,11 @@ are scaled down to b=2, s=256 (the real vocabulary kept): at s=2048 one bf16 ste
 on a loaded 2-core CPU, and the count does not depend on the tokens as long as the cross
 entropy runs several chunks (here 26 of 20 rows; `megatron/parallel/cross_entropy.py`).
 
-- Every path: the logits alone. The cross entropy consumes them (their memory holds the
+- The fused head and loss (`loss_chunk_tokens` 64 here, 8 chunks), with and without the
+  z-loss, and DPO's and KTO's chunked log-probabilities: none. Each chunk's logits (64 x 50304)
+  are below the threshold; nothing of the tokens x vocabulary size is written, in the forward
+  or the backward, fp32 or bf16.
+- Every other path: the logits alone. The cross entropy consumes them (their memory holds the
   softmax, then the gradient the head's backward reads), the z-loss takes the logsumexp the
   cross entropy computes, and DPO's and KTO's log-probabilities consume them as the
   language-model loss does (`sequence_logps(consume=True)`; before, their backward wrote the
@@ -34,17 +38,21 @@ from tests.tiny import tiny_config
 
 B, S, VOCAB, TOKENS = 2, 256, 50304, 50277
 LARGE = B * S * VOCAB // 2  # elements: half the logits
-# path -> (train_impl, z_loss, logits-sized buffers a step holds)
+# path -> (train_impl, z_loss, loss_chunk_tokens, logits-sized buffers a step holds)
 PATHS = {
-    "lm": ("normal", 0.0, 1),
-    "lm z_loss": ("normal", 1e-4, 1),
-    "dpo": ("dpo", 0.0, 1),
-    "kto": ("kto", 0.0, 1),
+    "lm": ("normal", 0.0, 0, 1),
+    "lm z_loss": ("normal", 1e-4, 0, 1),
+    "lm fused": ("normal", 0.0, 64, 0),
+    "lm fused z_loss": ("normal", 1e-4, 64, 0),
+    "dpo": ("dpo", 0.0, 0, 1),
+    "kto": ("kto", 0.0, 0, 1),
+    "dpo fused": ("dpo", 0.0, 64, 0),
+    "kto fused": ("kto", 0.0, 64, 0),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def model_args(z_loss: float) -> ModelArgs:
+def model_args(z_loss: float, loss_chunk_tokens: int = 0) -> ModelArgs:
     return ModelArgs(
         num_layers=2,
         hidden_size=64,
@@ -58,6 +66,7 @@ def model_args(z_loss: float) -> ModelArgs:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         z_loss=z_loss,
+        loss_chunk_tokens=loss_chunk_tokens,
         seed=1,
     )
 
@@ -78,11 +87,13 @@ def loss_inputs(train_impl: str, generator: torch.Generator):
 @functools.cache  # the buffers hold no tensor, only weak references
 def one_step(path: str, dtype_name: str) -> LargeTensors:
     """`LargeTensors` of one forward and backward through the loss path `path`."""
-    train_impl, z_loss, _ = PATHS[path]
+    train_impl, z_loss, chunk, _ = PATHS[path]
     torch.manual_seed(0)
-    model = build_gpt(model_args(z_loss)).to(DTYPES[dtype_name]).train()
+    model = build_gpt(model_args(z_loss, chunk)).to(DTYPES[dtype_name]).train()
     if train_impl != "normal":
-        cfg = tiny_config().replace(train_impl=train_impl, true_vocab_size=TOKENS)
+        cfg = tiny_config().replace(
+            train_impl=train_impl, true_vocab_size=TOKENS, loss_chunk_tokens=chunk
+        )
         build_objective(cfg).install(model)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, TOKENS, (B, S), generator=generator)
@@ -100,5 +111,6 @@ def one_step(path: str, dtype_name: str) -> LargeTensors:
 def test_logits_sized_buffers_per_loss_path(path, dtype_name):
     buffers = one_step(path, dtype_name)
     large = [b for b in buffers.buffers if torch.Size(b.shape).numel() >= LARGE]
-    assert len({b.storage for b in large}) == PATHS[path][2], buffers.report(large)
-    assert {b.dtype for b in large} == {DTYPES[dtype_name]}, buffers.report(large)
+    assert len({b.storage for b in large}) == PATHS[path][3], buffers.report(large)
+    if large:
+        assert {b.dtype for b in large} == {DTYPES[dtype_name]}, buffers.report(large)
