@@ -240,3 +240,26 @@ def test_a_finished_run_says_nothing_will_train(tmp_path):
     found = load_findings(tmp_path, train_iters=2)
     assert levels(found) == [OK, WARNING]
     assert found[1].message.startswith(f"{folder} is already at iteration 2 of train_iters 2")
+
+
+MAMBA = dict(attention_config=[[["mamba"], 2]], norm="rmsnorm", pos_emb="none")
+
+
+@pytest.mark.parametrize(
+    "saved, now",
+    [
+        (dict(precision="bfloat16"), dict(precision="bfloat16", mamba_selective_fp32_params=False)),
+        (dict(), dict(precision="bfloat16")),  # fp32 -> bf16, the flag at its default (true)
+    ],
+    ids=["flag-off", "fp32-to-bf16"],
+)
+def test_a_resume_whose_fp32_groups_change_is_refused_unless_no_load_optim(tmp_path, saved, now):
+    """Mamba's A_log and D in fp32 optimizer groups of their own (fp16/bf16 with
+    `mamba_selective_fp32_params`) or not: DeepSpeed restores the optimizer group by group."""
+    folder = write(tmp_path, config(**MAMBA, **saved))
+    errors = [f for f in load_findings(tmp_path, **MAMBA, **now) if f.level == ERROR]
+    assert len(errors) == 1
+    assert errors[0].message.startswith(f"{folder} holds optimizer state of other parameter ")
+    assert "no_load_optim: true" in errors[0].message
+    assert ERROR not in levels(load_findings(tmp_path, **MAMBA, **now, no_load_optim=True))
+    assert ERROR not in levels(load_findings(tmp_path, **MAMBA, **saved))  # the same groups
