@@ -4,8 +4,8 @@ GPT-NeoX trains its Mamba configs), on every DeepSpeed optimizer wrapper the tra
 The real engines (`build_engine`) train a two-layer Mamba model on the CPU: bf16 at ZeRO 0
 (`FP16_UnfusedOptimizer`), ZeRO 1 (`BF16_Optimizer`) and ZeRO 2 (`DeepSpeedZeroOptimizer`),
 the pipeline engine at ZeRO 1, and fp16 (DeepSpeed's capability check answered "supported", as
-in `test_fp16_engine_scaling.py`) at ZeRO 0, 1 and 2. For each, against things this code did
-not compute:
+in `test_fp16_engine_scaling.py`) at ZeRO 0, 1 and 2 and on the pipeline engine at ZeRO 0
+and 1. For each, against things this code did not compute:
 
 - the gradient the torch optimizer gets for A_log and D is autograd's fp32 gradient (summed
   over the micro-batches, hooked on the parameters) times one scalar (the loss scale's
@@ -36,6 +36,8 @@ LAYOUTS = {
         precision="bfloat16", zero_optimization={"stage": 1}, pipe_parallel_size=1
     ),
     "fp16_zero0": dict(fp16=FP16, zero_optimization={"stage": 0}),
+    "fp16_pipe_zero1": dict(fp16=FP16, zero_optimization={"stage": 1}, pipe_parallel_size=1),
+    "fp16_pipe_zero0": dict(fp16=FP16, zero_optimization={"stage": 0}, pipe_parallel_size=1),
     "fp16_zero1": dict(fp16=FP16, zero_optimization={"stage": 1}),
     "fp16_zero2": dict(fp16=FP16, zero_optimization={"stage": 2}),
 }
@@ -236,6 +238,8 @@ WRAPPERS = {
     "bf16_zero2": "DeepSpeedZeroOptimizer",
     "bf16_pipe_zero1": "BF16_Optimizer",
     "fp16_zero0": "FP16_UnfusedOptimizer",
+    "fp16_pipe_zero1": "DeepSpeedZeroOptimizer",
+    "fp16_pipe_zero0": "FP16_UnfusedOptimizer",
     "fp16_zero1": "DeepSpeedZeroOptimizer",
     "fp16_zero2": "DeepSpeedZeroOptimizer",
 }
