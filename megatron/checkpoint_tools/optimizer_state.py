@@ -11,7 +11,7 @@ import torch
 
 from megatron.checkpoint_tools.schema import ModelSchema, resize_vocab
 from megatron.checkpoint_tools.stages import StageModule, optimizer_parameter_names, stage_bounds
-from megatron.model.param_groups import param_groups
+from megatron.model.param_groups import has_fp32_groups, param_groups
 
 
 @dataclass
@@ -37,7 +37,7 @@ def shard_optimizer_state(
     module = StageModule(schema, bounds, stage)
     names = {id(p): n for n, p in module.named_parameters()}
     state, groups, index = {}, [], 0
-    for group in param_groups(module, 0.0):
+    for group in param_groups(module, 0.0, has_fp32_groups(full.groups)):
         hyper = full.groups.get(group["name"])
         if hyper is None:
             raise ValueError(f"the saved optimizer has no parameter group '{group['name']}'")

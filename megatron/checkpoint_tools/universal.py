@@ -96,11 +96,12 @@ def reshard_stage(zero_stage: int, tp: int, pp: int) -> tuple[int, str]:
 def _param_groups(schema: ModelSchema, full: FullOptimizerState, stages: int, tp: int) -> list:
     """The saved hyperparameters in the target optimizer's group order (one list for every
     stage: DeepSpeed zips it with each rank's groups)."""
-    from megatron.model.param_groups import param_groups
+    from megatron.model.param_groups import has_fp32_groups, param_groups
 
     bounds = stage_bounds(schema, stages, tp)
+    fp32 = has_fp32_groups(full.groups)  # a half-precision run's fp32 groups (Mamba's A_log, D)
     orders = {
-        tuple(g["name"] for g in param_groups(StageModule(schema, bounds, s), 0.0))
+        tuple(g["name"] for g in param_groups(StageModule(schema, bounds, s), 0.0, fp32))
         for s in range(stages)
     }
     if len(orders) != 1:

@@ -34,6 +34,7 @@ import torch
 from megatron.checkpoint_tools import CheckpointReader
 from megatron.checkpoint_tools.schema import resize_vocab
 from megatron.model import ModelArgs, build_model, load_full_state_dict
+from megatron.model.param_groups import keeps_fp32
 from megatron.parallel.comm import all_gather_along, broadcast, recv, send
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,11 @@ def to_run_precision(module: torch.nn.Module, device, dtype) -> None:
     DeepSpeed's engine does to the model it trains (it casts parameters only). So ALiBi's
     slopes stay fp32, as in training, and a checkpoint scores the same here as in training's
     evaluation; bf16 slopes would round 2^-0.5 and the other odd powers, shifting the score
-    bias of distant tokens."""
+    bias of distant tokens. Parameters marked `keep_fp32` (Mamba's A_log and D under
+    `mamba_selective_fp32_params`) stay fp32, as training keeps them."""
     module.to(device)
     for param in module.parameters():
-        if param.is_floating_point():
+        if param.is_floating_point() and not keeps_fp32(param):
             param.data = param.data.to(dtype)
 
 

@@ -15,6 +15,12 @@ A `mamba` layer replaces a whole transformer layer (no attention, no MLP):
 convolution; dt_proj always has its bias (the step-size parameter of Algorithm 2). A_log and
 D take no weight decay. Mamba layers have no dropout (GPT-NeoX's have none either).
 
+With `mamba_selective_fp32_params` (GPT-NeoX's default) A_log and D are marked `keep_fp32`:
+in an fp16/bf16 run they, their gradients and their optimizer state stay fp32
+(`megatron/training/step/fp32_params.py`), while every other weight, dt_proj's bias included
+(as in GPT-NeoX), is cast to the run's dtype. The scan reads all three in fp32 and returns the
+input's dtype, so out_proj gets the half-precision activations it computes in.
+
 Tensor parallelism is refused for Mamba (`megatron/config/checks/validate.py`), so the
 parameters are ordinary replicated ones. Initialisation follows GPT-NeoX: `init_method` for
 in_proj and x_proj, `output_layer_init_method` for out_proj, S4D-real `A`, `D = 1`, and
@@ -33,6 +39,7 @@ from megatron.model.args import ModelArgs
 from megatron.model.init_methods import input_init, output_init
 from megatron.model.mamba_scan import causal_conv, selective_scan
 from megatron.model.norms import build_norm
+from megatron.model.param_groups import keep_fp32
 
 D_STATE = 16
 D_CONV = 4
@@ -84,6 +91,9 @@ class MambaMixer(nn.Module):
         self.D = nn.Parameter(torch.ones(d))
         self.A_log.no_weight_decay = True
         self.D.no_weight_decay = True
+        if args.mamba_selective_fp32_params:  # GPT-NeoX's `_deepspeed_no_cast`
+            keep_fp32(self.A_log)
+            keep_fp32(self.D)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         xz = self.in_proj(hidden).permute(1, 2, 0)  # (b, 2d, s)

@@ -25,6 +25,7 @@ from deepspeed.runtime import utils as ds_utils
 from megatron.model.args import ModelArgs
 from megatron.model.gpt import GPTModel
 from megatron.model.loss import bound_loss_fn
+from megatron.model.param_groups import keeps_fp32
 from megatron.model.specs import gpt_layer_specs
 from megatron.parallel.planned import PlannedGroup
 
@@ -118,7 +119,7 @@ def plan_stages(args: ModelArgs, pp: int, tp: int, ep: int, dtype: torch.dtype) 
         model = GPTModel(specs, loss_fn=loss_fn)
         bounds = stage_bounds(specs, pp, args.pipe_partition_method)
     for p in model.parameters():
-        if p.is_floating_point():
+        if p.is_floating_point() and not keeps_fp32(p):  # Mamba's fp32 A_log, D stay fp32
             p.data = p.data.to(dtype)
     stages = max(pp, 1)
     built = [_stage(model, specs, s, bounds[s], bounds[s + 1], stages) for s in range(stages)]

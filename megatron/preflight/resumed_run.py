@@ -12,7 +12,11 @@ compares the folder's `config.json` with the config and leads with what it finds
   (`warmup_iters`, `decay_iters`); refused here instead, naming the keys the user set
   (`train_iters 40, the config says 60`), unless `override_lr_scheduler` or
   `use_checkpoint_lr_scheduler` says which schedule to follow;
-- a finished run (its iteration is the config's `train_iters`): nothing would train.
+- a finished run (its iteration is the config's `train_iters`): nothing would train;
+- another optimizer group layout: Mamba's `A_log` and `D` in fp32 groups of their own (an
+  fp16/bf16 run with `mamba_selective_fp32_params`) or not; DeepSpeed restores the optimizer
+  group by group, so the saved state does not fit, and the resume is refused unless
+  `no_load_optim` (or `finetune`) says to start a fresh optimizer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron.config import Config
+from megatron.config.checks.mamba import keeps_fp32_groups
 from megatron.preflight.findings import ERROR, WARNING, Finding
 
 NAME = "load"
@@ -96,7 +101,31 @@ def run_findings(folder: Path, saved: Config, cfg: Config) -> list[Finding]:
             "override_lr_scheduler: true (this config's schedule from the checkpoint's "
             "iteration) or use_checkpoint_lr_scheduler: true (the checkpoint's); a new run "
             f"needs a folder of its own ({own_folder_hint(cfg)}), or finetune: true"))  # fmt: skip
-    return found
+    layout = _fp32_groups_finding(folder, saved, cfg)
+    return found + ([layout] if layout else [])
+
+
+def _fp32_groups_finding(folder: Path, saved: Config, cfg: Config) -> Finding | None:
+    """The optimizer state of `folder` has other groups than this run's (module docstring)."""
+    before, now = keeps_fp32_groups(saved), keeps_fp32_groups(cfg)
+    if before == now or cfg.checkpointing.no_load_optim:
+        return None
+
+    def groups(c: Config, kept: bool) -> str:
+        how = "in fp32 groups of their own" if kept else "in the groups of the other weights"
+        return (
+            f"{c.precision.dtype}, mamba_selective_fp32_params "
+            f"{str(c.model.mamba_selective_fp32_params).lower()}: A_log and D {how}"
+        )
+
+    return Finding(
+        NAME,
+        ERROR,
+        f"{folder} holds optimizer state of other parameter groups ({groups(saved, before)}; "
+        f"this config: {groups(cfg, now)}), which DeepSpeed restores group by group. Keep the "
+        "checkpoint's precision and mamba_selective_fp32_params, or resume with "
+        "no_load_optim: true (its weights, iteration and LR schedule, a fresh optimizer)",
+    )
 
 
 def finished_finding(folder: Path, cfg: Config) -> Finding | None:

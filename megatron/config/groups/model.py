@@ -242,10 +242,10 @@ class ModelConfig:
     `mamba-ssm` and `causal-conv1d`; cannot be combined with `mamba_use_bias_in_linears`."""
 
     mamba_selective_fp32_params: bool = True
-    """`mamba` layers: keep `A_log` and `D` in fp32 inside an fp16/bf16 model (GPT-NeoX's
-    default, which needs DeeperSpeed's uncast parameters). DeepSpeed here stores every module
-    parameter in the training dtype, so under fp16/bf16 this must be set to false (the scan
-    still reads them in fp32); in fp32 training it holds either way."""
+    """`mamba` layers: keep `A_log` and `D`, their gradients and optimizer state in fp32 inside
+    an fp16/bf16 run (GPT-NeoX's default), as optimizer groups of their own; dt_proj's bias is
+    cast to the run's dtype, as in GPT-NeoX. Not with ZeRO offload or a `grad_accum_dtype` of
+    another dtype. False: they train in the run's dtype (the scan still reads them in fp32)."""
 
     mamba_use_bias_in_conv: bool = True
     """`mamba` layers: the depthwise causal convolution has a bias."""

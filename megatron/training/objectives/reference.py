@@ -31,6 +31,7 @@ import torch
 from megatron.checkpoint.folders import resume_tag
 from megatron.config.verbosity import quiet_deepspeed, verbose_logging
 from megatron.training.checkpoint.checkpoint_io import CheckpointIO
+from megatron.training.step.fp32_params import uncast_fp32_params
 
 
 def reference_ds_config(ds_config: dict, zero_stage: int) -> dict:
@@ -64,7 +65,9 @@ def build_reference(cfg, topology, objective):
     for param in model.parameters():
         param.requires_grad_(False)
     pipeline = cfg.parallel.pipe_parallel_size >= 1
-    with quiet_deepspeed():  # as the policy's engine (setup/engine.py)
+    # as the policy's engine (setup/engine.py): quiet, and Mamba's fp32 A_log and D kept fp32,
+    # so that the reference computes what the policy computes at step 0
+    with quiet_deepspeed(), uncast_fp32_params(model):
         engine, _, _, _ = deepspeed.initialize(
             model=model, config=ds_config, mpu=None if pipeline else topology
         )

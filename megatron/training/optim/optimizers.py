@@ -142,9 +142,10 @@ def build_optimizer(
 
 
 def optimizer_groups(cfg, model: torch.nn.Module) -> list[dict[str, Any]]:
-    """The parameter groups `cfg`'s optimizer gets: weight decay or not, muP's per-width LR,
-    DeepSpeed's expert groups under ZeRO 1/2."""
-    groups = param_groups(model, cfg.optimizer.weight_decay)
+    """The parameter groups `cfg`'s optimizer gets: weight decay or not, fp32 groups in an
+    fp16/bf16 run (`param_groups`), muP's per-width LR, DeepSpeed's expert groups under ZeRO 1/2."""
+    half = cfg.precision.dtype != "fp32"
+    groups = param_groups(model, cfg.optimizer.weight_decay, fp32_groups=half)
     if cfg.mup.use_mup:
         groups = split_groups(groups, cfg.optimizer.optimizer_type)
     return expert_param_groups(groups, cfg.parallel.zero_stage)

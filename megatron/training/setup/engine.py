@@ -4,7 +4,9 @@ Every optimizer is built here (`optimizers.py`), never by DeepSpeed, so the `opt
 section of the exported DeepSpeed config is dropped. The pipeline engine gets a
 `PipelineModule` (its topology carries the groups); the plain engine gets the `GPTModel` and
 the `ParallelTopology` as `mpu`. Under ZeRO-3 the model is built partitioned
-(`model.py`). While DeepSpeed wraps the optimizer, the optimizer does not step (`no_step`).
+(`model.py`). Parameters marked `keep_fp32` stay fp32 through the engine's cast to fp16/bf16,
+in optimizer groups of their own, with fp32 gradients under ZeRO 1/2 (`fp32_params.py`).
+While DeepSpeed wraps the optimizer, the optimizer does not step (`no_step`).
 After `deepspeed.initialize`: the ZeRO-0 wrapper's step with one read and the true gradient
 norm, fp16 loss scaling as configured (`fp16_scaler.py`), the bf16 wrapper's clipping on the
 device and the ZeRO wrappers' checks read with the step's one flag (`grad_norm.py`), and a
@@ -31,6 +33,12 @@ from megatron.training.optim.optimizers import build_optimizer_from_config, chec
 from megatron.training.setup.model import build_model_for_engine
 from megatron.training.step.bf16_wrapper import fuse_hp_grad_updates
 from megatron.training.step.fp16_scaler import install_loss_scaler, step_on_device
+from megatron.training.step.fp32_params import (
+    check_fp32_params,
+    keep_zero_fp32_grads,
+    reduce_fp32_grads_in_fp32,
+    uncast_fp32_params,
+)
 from megatron.training.step.grad_norm import (
     STEP_GRAD_NORM,
     clip_bf16_on_device,
@@ -79,7 +87,12 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
     pipeline = cfg.parallel.pipe_parallel_size >= 1
     register_expert_groups(topology)  # before initialize: it broadcasts experts over them
     # quiet: DeepSpeed's bf16 optimizer prints its memory use (`MA ... Max_MA ...`) as it builds
-    with zero_partitions_experts(cfg.parallel.zero_stage), quiet_deepspeed(), no_step(optimizer):
+    with (
+        zero_partitions_experts(cfg.parallel.zero_stage),
+        uncast_fp32_params(model),
+        quiet_deepspeed(),
+        no_step(optimizer),
+    ):
         engine, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -88,6 +101,9 @@ def build_engine(cfg, topology, train_iters: int, objective=None) -> EngineParts
             mpu=None if pipeline else topology,
         )
     check_parameter_shapes(cfg.optimizer.optimizer_type, optimizer, model)
+    check_fp32_params(engine)
+    keep_zero_fp32_grads(engine.optimizer)
+    reduce_fp32_grads_in_fp32(engine)
     if isinstance(optimizer, OneBitAdam | Distro):  # they replace the gradient all-reduce
         optimizer.attach_engine(engine, topology.dp_group)
     else:

@@ -46,14 +46,36 @@ def test_mamba_layers_mix_with_attention(write):
     [
         ("model_parallel_size: 2\n", "model_parallel_size 2.*x_proj.*model_parallel_size: 1"),
         ("zero_optimization: {stage: 3}\n", "ZeRO stage 3.*Mamba"),
-        ("precision: bf16\n", "mamba_selective_fp32_params: true.*bf16.*false"),
+        (
+            "precision: bf16\nzero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n",
+            "mamba_selective_fp32_params: true.*ZeRO offload .*offload_optimizer.*bf16.*"
+            "Turn the offload off, or set mamba_selective_fp32_params: false",
+        ),
+        (
+            "fp16: {enabled: true}\nzero_optimization: {stage: 1, cpu_offload: true}\n",
+            "mamba_selective_fp32_params: true.*ZeRO offload .*cpu_offload.*fp16",
+        ),
+        (
+            "fp16: {enabled: true}\nzero_optimization: {stage: 1}\n"
+            "data_types: {grad_accum_dtype: fp32}\n",
+            "data_types.grad_accum_dtype 'fp32'.*fp16 training at ZeRO stage 1.*"
+            "Leave grad_accum_dtype unset \\(or set it to fp16\\)",
+        ),
         (
             "mamba_use_bias_in_linears: true\nmamba_inner_func_fusion: true\n",
             "mamba_use_bias_in_linears and mamba_inner_func_fusion.*run.yml",
         ),
         ("torch_compile: true\nmamba_selective_scan_fusion: true\n", "mamba_selective_scan"),
     ],
-    ids=["tp", "zero3", "fp32-params", "bias-inner-fusion", "compile-kernels"],
+    ids=[
+        "tp",
+        "zero3",
+        "fp32-params-offload",
+        "fp32-params-cpu-offload",
+        "fp32-params-accum-dtype",
+        "bias-inner-fusion",
+        "compile-kernels",
+    ],
 )
 def test_what_mamba_cannot_do_is_refused(write, text, match):
     with pytest.raises(ConfigError, match=match):
@@ -98,25 +120,36 @@ def neox_mamba_file(size: str) -> Path:
     return FIXTURES / f"mamba-{size}-neox.yml"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "precision: bf16\n",
+        "fp16: {enabled: true}\nzero_optimization: {stage: 2}\n",
+        "precision: bf16\nzero_optimization: {stage: 1}\ndata_types: {grad_accum_dtype: fp32}\n",
+        "fp16: {enabled: true}\nzero_optimization: {stage: 1}\n"
+        "data_types: {grad_accum_dtype: fp16}\n",
+    ],
+    ids=["bf16", "fp16-zero2", "bf16-zero1-fp32-accum", "fp16-accum"],
+)
+def test_half_precision_keeps_fp32_params(write, text):
+    cfg = _load(write, 'attention_config: [[["mamba"], 2]]\n' + text, world_size=2)
+    assert cfg.model.mamba_selective_fp32_params and cfg.precision.dtype in ("bf16", "fp16")
+
+
 @pytest.mark.parametrize("size", NEOX_MAMBA_FILES)
-def test_gpt_neox_mamba_files_need_only_fp32_params_off(size):
-    """Unchanged, each file trains in fp16 with GPT-NeoX's default fp32 A_log and D, which is
-    refused with the one key to set (README, Mamba layers)."""
-    with pytest.raises(ConfigError, match="Set mamba_selective_fp32_params: false"):
-        load_config([neox_mamba_file(size)], world_size=1, vocab_size=50277, warn=[])
+def test_gpt_neox_mamba_files_load_unchanged(size):
+    """Unchanged, each file trains in fp16 at ZeRO 1 with GPT-NeoX's default fp32 A_log and D
+    (`tests/unit/training/test_mamba_fp32_params.py` trains that way)."""
+    cfg = load_config([neox_mamba_file(size)], world_size=1, vocab_size=50277, warn=[])
+    assert cfg.model.mamba_selective_fp32_params is True
+    assert (cfg.precision.dtype, cfg.parallel.zero_stage) == ("fp16", 1)
 
 
 @pytest.mark.parametrize("size", NEOX_MAMBA_FILES)
 def test_gpt_neox_mamba_files_resolve_to_what_they_say(size):
     layers, hidden, lr, min_lr, betas, log_interval = NEOX_MAMBA_FILES[size]
     warn: list[str] = []
-    cfg = load_config(
-        [neox_mamba_file(size)],
-        ["mamba_selective_fp32_params=false"],
-        world_size=1,
-        vocab_size=50277,
-        warn=warn,
-    )
+    cfg = load_config([neox_mamba_file(size)], world_size=1, vocab_size=50277, warn=warn)
     assert len(warn) == 1 and "'synchronize_each_layer'" in warn[0]  # its cost, warned
     m = cfg.model
     assert (m.num_layers, m.hidden_size, m.num_attention_heads) == (layers, hidden, 12)
@@ -154,9 +187,7 @@ def test_gpt_neox_mamba_files_fp16_section_is_one_deepspeed_takes(size):
     refuses keys it does not know, where GPT-NeoX's DeeperSpeed ignored them)."""
     from deepspeed.runtime.precision_config import get_float16_config
 
-    cfg = load_config(
-        [neox_mamba_file(size)], ["mamba_selective_fp32_params=false"], world_size=1, warn=[]
-    )
+    cfg = load_config([neox_mamba_file(size)], world_size=1, warn=[])
     fp16 = get_float16_config(deepspeed_config(cfg))
     assert fp16.enabled and (fp16.loss_scale, fp16.loss_scale_window) == (0, 1000)
     assert (fp16.hysteresis, fp16.min_loss_scale) == (2, 1)

@@ -37,15 +37,11 @@ LOCAL = {
     "vocab_file": "data/gpt2-vocab.json",
     "merge_file": "data/gpt2-merges.txt",
 }
-_MAMBA_FP16 = "mamba_selective_fp32_params: true .*cannot be honoured in fp16"
 # File -> the refusal it gets, by design (a feature not built here, with the reason).
 REFUSED = {
     "1-3B-transformer-engine.yml": "'te_mha' .*TransformerEngine layers are not built",
     "bnb_125M.yml": "'use_bnb_optimizer' .*bitsandbytes 8-bit optimizers are not implemented",
     "sparse.yml": "'sparsity_config' .*DeepSpeed sparse attention .*is not built",
-    # DeepSpeed keeps no parameter in fp32 inside an fp16 module (DeeperSpeed's uncast params)
-    **{f"mamba/mamba-{size}.yml": _MAMBA_FP16 for size in ("130M", "370M", "790M", "1.4B")},
-    "mamba/mamba-2.8B.yml": _MAMBA_FP16,
     # Keys of the fork Llemma was trained with; GPT-NeoX's own NeoXArgs rejects them too.
     "llemma/7B.yml": "unknown config key 'decay_lr_to'",
     "llemma/34B.yml": "unknown config key 'attention_type'",

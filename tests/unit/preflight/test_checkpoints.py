@@ -252,3 +252,26 @@ def test_the_new_folder_named_is_neither_this_runs_nor_one_that_exists(tmp_path,
     assert found[1].message.endswith(
         "(--set save=checkpoints/this-run-3 --set load=checkpoints/this-run-3)"
     )
+
+
+MAMBA = dict(attention_config=[[["mamba"], 2]], norm="rmsnorm", pos_emb="none")
+
+
+@pytest.mark.parametrize(
+    "saved, now",
+    [
+        (dict(precision="bfloat16"), dict(precision="bfloat16", mamba_selective_fp32_params=False)),
+        (dict(), dict(precision="bfloat16")),  # fp32 -> bf16, the flag at its default (true)
+    ],
+    ids=["flag-off", "fp32-to-bf16"],
+)
+def test_a_resume_whose_fp32_groups_change_is_refused_unless_no_load_optim(tmp_path, saved, now):
+    """Mamba's A_log and D in fp32 optimizer groups of their own (fp16/bf16 with
+    `mamba_selective_fp32_params`) or not: DeepSpeed restores the optimizer group by group."""
+    folder = write(tmp_path, config(**MAMBA, **saved))
+    errors = [f for f in load_findings(tmp_path, **MAMBA, **now) if f.level == ERROR]
+    assert len(errors) == 1
+    assert errors[0].message.startswith(f"{folder} holds optimizer state of other parameter ")
+    assert "no_load_optim: true" in errors[0].message
+    assert ERROR not in levels(load_findings(tmp_path, **MAMBA, **now, no_load_optim=True))
+    assert ERROR not in levels(load_findings(tmp_path, **MAMBA, **saved))  # the same groups
