@@ -131,9 +131,24 @@ def keep_zero_fp32_grads(optimizer) -> None:
             grad.data = grad.data.clone()
         return None
 
+    reduce_gradients = optimizer.reduce_gradients
+
+    def reduce_gradients_fp32_sized(pipeline_parallel=False):
+        # The pipeline engine's call first gives every dtype's bucket a buffer of
+        # reduce_bucket_size (DeepSpeed 0.19.8's prologue, the argument's only use): the fp32
+        # one would be 2 GB at GPT-NeoX's 5e8, for parameters of a few thousand elements.
+        if pipeline_parallel and optimizer.contiguous_gradients:
+            device = get_accelerator().current_device_name()
+            for dtype, bucket_of in optimizer.ipg_buckets.items():
+                numel = size if dtype == fp32 else int(optimizer.reduce_bucket_size)
+                bucket_of.buffer.append(torch.empty(numel, dtype=dtype, device=device))
+                bucket_of.index = 0
+        return reduce_gradients(pipeline_parallel=False)
+
     optimizer.get_param_comm_dtype = param_comm_dtype
     optimizer.setup_buckets = setup_fp32_bucket
     optimizer.copy_grads_in_partition = copy_fp32_grads
+    optimizer.reduce_gradients = reduce_gradients_fp32_sized
 
 
 def reduce_fp32_grads_in_fp32(engine) -> None:

@@ -162,11 +162,24 @@ def _train(folder, layout):
     recorder = Recorder(parts)
     steps = engine_steps(parts.engine, topology)
     init = {n: p.detach().clone() for n, p in _marked(parts.engine.module)}
+    buckets = []
+    zero = parts.engine.optimizer
+    if hasattr(zero, "ipg_buckets"):  # a ZeRO 1/2 wrapper's reduction buckets, by dtype
+        reduce = zero.reduce_ready_partitions_and_remove_grads
+
+        def sized(*args, **kwargs):  # what the fp32 bucket holds while gradients reduce
+            bucket = zero.ipg_buckets.get(torch.float32)
+            buckets.extend(b.numel() for b in (bucket.buffer if bucket else []))
+            return reduce(*args, **kwargs)
+
+        zero.reduce_ready_partitions_and_remove_grads = sized
     losses = [float(steps.train_step(_batches(2))) for _ in range(STEPS)]
     marked = _marked(parts.engine.module)
     model = torch.cat([p.detach().reshape(-1) for _, p in marked])
     out = {
         "losses": losses,
+        "fp32_bucket": max(buckets, default=0),
+        "fp32_numel": sum(p.numel() for _, p in marked),
         "applied": len(recorder.steps),
         "marked": {n: str(p.dtype) for n, p in marked},
         "others": {
@@ -265,6 +278,8 @@ def test_a_log_and_d_stay_fp32_and_train(trained, layout):
     assert max(r["adamw_error"]) < 1e-6
     assert r["model_vs_master"] == 0.0
     assert r["moved"] > 0 and r["off_bf16_grid"] > 0.5
+    # ZeRO 1/2's fp32 reduction bucket is the fp32 parameters' size, not reduce_bucket_size
+    assert r["fp32_bucket"] <= r["fp32_numel"]
 
 
 @pytest.mark.parametrize("layout", RESUMED)
