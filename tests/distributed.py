@@ -2,16 +2,19 @@
 
 `run_distributed(fn, world_size, *args)` spawns `world_size` processes, initialises
 `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns the list
-of per-rank return values (which must be picklable). `backend="cuda:gloo"` puts every rank on
-the one GPU instead, in a process group whose only backend is for CUDA tensors: a collective on
-a host tensor is refused there as NCCL would refuse it (NCCL itself refuses two ranks on one
-device). An exception on any rank fails the call
-with that rank's traceback, so a broken collective cannot hang the suite silently.
+of per-rank return values (which must be picklable; they travel by value, tensors included:
+torch's queue would pass a tensor as a handle to the rank's shared memory, which is gone once
+the rank has exited, and the parent's read then fails with FileNotFoundError).
+`backend="cuda:gloo"` puts every rank on the one GPU instead, in a process group whose only
+backend is for CUDA tensors: a collective on a host tensor is refused there as NCCL would
+refuse it (NCCL itself refuses two ranks on one device). An exception on any rank fails the
+call with that rank's traceback, so a broken collective cannot hang the suite silently.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -45,7 +48,7 @@ def _worker(rank, world_size, port, fn, args, queue, backend):
             torch.cuda.set_device(0)
         dist.init_process_group(backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, True, result))
+        queue.put((rank, True, pickle.dumps(result)))  # by value (module docstring)
     except BaseException:  # noqa: BLE001 - report every failure to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -81,7 +84,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 300.0, backend:
                 break
             continue
         if ok:
-            results[rank] = payload
+            results[rank] = pickle.loads(payload)
         else:
             failures.append(f"rank {rank} failed:\n{payload}")
     for p in procs:
