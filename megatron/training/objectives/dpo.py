@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.logprobs import (
+    objective_logps,
     require_keys,
-    sequence_logps,
     stored_sequence_logps,
 )
 from megatron.training.setup.batches import pair_inputs
@@ -60,29 +60,12 @@ class DPO(Objective):
 
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
-        return sequence_logps(
-            logits,
-            labels,
-            mask,
-            self.tp_group,
-            self.fp32,
-            self.vocab_size,
-            chunk_tokens=self.chunk_tokens,
-        ).detach()
+        return objective_logps(self, logits, labels, mask).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref = loss_inputs
         # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
-        pi = sequence_logps(
-            logits,
-            labels,
-            mask,
-            self.tp_group,
-            self.fp32,
-            self.vocab_size,
-            consume=True,
-            chunk_tokens=self.chunk_tokens,
-        )  # (2b,)
+        pi = objective_logps(self, logits, labels, mask, consume=True)  # (2b,)
         pi_c, pi_r = pi.chunk(2)
         ref_c, ref_r = ref.to(pi.dtype).chunk(2)
         logits_dpo = (pi_c - pi_r) - (ref_c - ref_r)  # (b,)

@@ -32,8 +32,8 @@ import torch
 from megatron.training.objectives.base import Objective
 from megatron.training.objectives.dpo import precomputed
 from megatron.training.objectives.logprobs import (
+    objective_logps,
     require_keys,
-    sequence_logps,
     stored_sequence_logps,
 )
 from megatron.training.setup.batches import to_model_inputs
@@ -84,29 +84,12 @@ class KTO(Objective):
 
     def reference_logps(self, logits, loss_inputs) -> torch.Tensor:
         labels, mask = loss_inputs[:2]
-        return sequence_logps(
-            logits,
-            labels,
-            mask,
-            self.tp_group,
-            self.fp32,
-            self.vocab_size,
-            chunk_tokens=self.chunk_tokens,
-        ).detach()
+        return objective_logps(self, logits, labels, mask).detach()
 
     def loss(self, logits, loss_inputs):
         labels, mask, ref, reward = loss_inputs
         # consumed, as the language-model loss consumes them (`model/loss.py::bound_loss_fn`)
-        pi = sequence_logps(
-            logits,
-            labels,
-            mask,
-            self.tp_group,
-            self.fp32,
-            self.vocab_size,
-            consume=True,
-            chunk_tokens=self.chunk_tokens,
-        )  # (b,)
+        pi = objective_logps(self, logits, labels, mask, consume=True)  # (b,)
         ratio = pi - ref.to(pi.dtype)
         half1, half2 = ratio.detach().chunk(2)
         kl1, kl2 = half1.clamp(min=0).mean(), half2.clamp(min=0).mean()

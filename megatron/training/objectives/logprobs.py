@@ -83,3 +83,18 @@ def require_keys(sample: dict, keys: tuple[str, ...], why: str) -> None:
             f"{why}: the samples lack {missing} (they hold {sorted(sample)}); check the "
             "dataset paths of the config"
         )
+
+
+def objective_logps(objective, logits, labels, loss_mask, *, consume: bool = False):
+    """`sequence_logps` with a DPO/KTO objective's own settings: its tensor-parallel group,
+    fp32 choice, true vocabulary and chunk size."""
+    return sequence_logps(
+        logits,
+        labels,
+        loss_mask,
+        objective.tp_group,
+        objective.fp32,
+        objective.vocab_size,
+        consume=consume,
+        chunk_tokens=objective.chunk_tokens,
+    )
