@@ -52,6 +52,8 @@ NEUTRAL = frozenset(
         "pipe_partition_method",
         "seed",
         "z_loss",  # a training objective term: the function of the weights is unchanged
+        # How many tokens the head and loss take at a time: the same logits and loss.
+        "loss_chunk_tokens",
         # Which logit columns the loss counts (padding masked out): the logits are unchanged,
         # and `vocab_size` in the export trims the padding rows.
         "true_vocab_size",
