@@ -27,12 +27,34 @@ known there too, up to the one scalar that flows back (1, or a gradient accumula
 which the backward multiplies in. Recomputing the logits in the backward would cost a fourth
 head matrix multiply (4 instead of the unfused head's 3, a third more head FLOPs, and the head is
 about a quarter of a 160M model's); this way the head's FLOPs are exactly the unfused head's
-(`megatron/training/metrics/flops.py` counts the same work for both). Because the logits'
-gradient is made and cast to the weight's dtype before that scalar arrives, an fp16 loss scale
-could not keep it from underflowing: the config refuses the fused path in fp16. The price:
-the hidden states' gradient `(tokens, h)` and the weight's `(V/tp, h)` (fp32 for lower-precision
-weights) are held from the forward to the backward, far less than the logits. A forward
-without gradients (evaluation; `torch.no_grad`) computes the loss alone.
+(`megatron/training/metrics/flops.py` counts the same work for both). The price: the hidden
+states' gradient `(tokens, h)` (in their dtype; fp32 in fp16, below) and the weight's
+`(V/tp, h)` (fp32 for lower-precision weights) are held from the forward to the backward, far
+less than the logits: at 16k tokens of h = 4096 an fp32 hidden states' gradient is 268 MB
+(134 MB more than an fp16 one), against 3.3 GB of fp32 logits at a 50k vocabulary and 206 MB
+for one 1024-token chunk's.
+A forward without gradients (evaluation; `torch.no_grad`) computes the loss alone.
+
+fp16: the logits' gradient is made in the forward, before the scalar that flows back (in
+fp16 DeepSpeed's dynamic loss scale) arrives. A token's is its weight times (softmax -
+onehot), about `1/tokens × p`: at a mean over 16k tokens and a 50k vocabulary some 2^-14 ×
+2^-16, far below fp16's normal range (2^-14). So, in fp16 alone, each chunk's fp32 gradient
+is multiplied by the power of two that puts its largest magnitude in [0.5, 1) (from the
+exponent of its amax, `torch.frexp`, on the device: no host read) before the cast, the two
+matrix multiplies run in fp16 (a GPU's fast path) on the lifted values, and their products
+are unscaled into the fp32 gradients. Both stay fp32 until the backward multiplies in the
+upstream scalar and only then are cast to the hidden states' and the weight's dtype: a loss
+scale too large for fp16 gives inf there, as the unfused head's fp16 gradients would, and
+DeepSpeed's scaler skips the step and lowers the scale. The lifted values are below 1, so a
+product overflows only where a sum of |gradient| × |entry| passes fp16's 65504: for the cross
+entropy a token's row sums to at most 2 (the softmax and the target), times the weight's
+largest entry, for the hidden states; a vocabulary column over a chunk to at most
+`chunk_tokens`, times the hidden states' largest entry, for the weight (1024 × 64 would reach
+it). The unfused fp16 head's weight gradient, one fp16 matmul over the whole micro-batch at the
+loss scale, has the same kind of bound, over more tokens. An inf there also reaches the
+scaler, which then skips the step.
+bf16 has fp32's exponent range: neither lifted nor held in fp32 (the hidden states' gradient
+is the bf16 matmul's output, the weight's summed in fp32), as before.
 
 Tensor parallelism: `hidden` must be the full hidden states every rank of the group holds (the
 caller enters the tensor-parallel region as `ColumnParallelLinear` does: copy, whose backward
@@ -88,6 +110,19 @@ def _chunk_loss(
     return loss, lse, x, local, inside
 
 
+def _lift(grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`grad` (fp32) times the power of two that puts its largest magnitude in [0.5, 1), in
+    place, and the inverse power (a 0-dim fp32 tensor): computed on the device from the
+    exponent of the max (`torch.frexp`), no host read. In fp16 the lifted values keep 11
+    significant bits down to 2^-14 of the max and subnormals to 2^-24, where the unlifted ones
+    (token weight ~1/tokens times a probability) would have fallen below fp16's range. An
+    all-zero chunk (every token weight 0) is left as it is; a non-finite one stays non-finite.
+    """
+    _, exponent = torch.frexp(torch.linalg.vector_norm(grad, float("inf")))
+    exponent = exponent.to(grad.dtype)
+    return grad.mul_(torch.exp2(-exponent)), torch.exp2(exponent)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -98,8 +133,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         real = token_columns(vocab_per_rank, group, vocab_size)  # the rest is padding
         math = torch.promote_types(weight.dtype, torch.float32)
         total = torch.zeros((), dtype=math, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if grad else None
-        # The weight's gradient summed over the chunks in fp32 (fp64) at least.
+        lift = weight.dtype == torch.float16  # (see the module docstring)
+        # The weight's gradient summed over the chunks in fp32 (fp64) at least; in fp16 the
+        # hidden states' too, until the backward's upstream scalar (the loss scale).
+        grad_hidden = torch.empty_like(hidden, dtype=math if lift else None) if grad else None
         grad_weight = torch.zeros_like(weight, dtype=math) if grad else None
         for begin in range(0, hidden.shape[0], chunk):
             rows = slice(begin, min(begin + chunk, hidden.shape[0]))
@@ -125,15 +162,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 soft[:, :real].sub_((eps / vocab_size) * w.unsqueeze(-1))
             onehot = (1.0 - eps) * w * inside.to(math)
             soft[torch.arange(soft.shape[0], device=soft.device), local] -= onehot
+            if lift:  # fp16's range: the chunk's gradient lifted to about 1 before the cast
+                soft, unscale = _lift(soft)
             d = soft.to(weight.dtype)  # (c, V/tp): the logits' gradient, in their dtype
             del soft
+            if lift:  # fp16 products of the lifted gradient, unscaled in fp32
+                grad_hidden[rows].copy_(d @ weight).mul_(unscale)  # (c, h)
+                grad_weight.addcmul_(d.t() @ h, unscale)  # (V/tp, h)
+                continue
             grad_hidden[rows] = d @ weight  # (c, h)
             if d.dtype == math:  # (out=, not addmm_: torch's FLOP counter knows addmm)
                 torch.addmm(grad_weight, d.t(), h, out=grad_weight)
             else:
                 grad_weight += d.t() @ h  # (V/tp, h), summed in fp32
         ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
+        ctx.dtypes = hidden.dtype, weight.dtype
         ctx.set_materialize_grads(False)
         return total
 
@@ -142,13 +185,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         if grad_total is None or grad_hidden is None:
             return (None,) * 10
-        # The scalar that flows back (1, 1 / accumulation steps), multiplied in place: a second
-        # backward (retain_graph) finds the saved tensors modified and autograd refuses it.
+        # The scalar that flows back (1, 1 / accumulation steps, an fp16 loss scale) multiplied
+        # in place into the held gradients (a second backward, retain_graph, finds the saved
+        # tensors modified and autograd refuses it), then cast to the inputs' dtypes: in fp16
+        # from fp32, so a gradient too large for the loss scale becomes inf here, where the
+        # unfused head's would, for the loss scaler to see.
         g_hidden = grad_hidden.mul_(grad_total.to(grad_hidden.dtype))
         g_weight = grad_weight.mul_(grad_total.to(grad_weight.dtype))
+        hidden_dtype, weight_dtype = ctx.dtypes
         return (
-            g_hidden if ctx.needs_input_grad[0] else None,
-            g_weight.to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None,
+            g_hidden.to(hidden_dtype) if ctx.needs_input_grad[0] else None,
+            g_weight.to(weight_dtype) if ctx.needs_input_grad[1] else None,
             *(None,) * 8,
         )
 

@@ -57,12 +57,6 @@ def _validate_loss_chunks(cfg: Config, sources: dict[str, str]) -> None:
             f"loss_chunk_tokens{where} fuses the vocabulary head with the loss; train_impl: rm "
             "ends in a value head, which has no vocabulary: set loss_chunk_tokens: 0"
         )
-    if cfg.precision.dtype == "fp16":
-        raise ConfigError(
-            f"loss_chunk_tokens{where} computes the logits' gradient in the forward, before the "
-            "fp16 loss scale is applied, so small probabilities would underflow in fp16: set "
-            "loss_chunk_tokens: 0 or train in bf16/fp32"
-        )
     if cfg.parallel.zero_stage == 3:
         raise ConfigError(
             f"loss_chunk_tokens{where} hands the head's weight to the loss, after the head's "

@@ -199,10 +199,13 @@ class ModelConfig:
     or a GPU (one chunk's fp32 logits: 1024 × V/tp × 4 bytes). 0: off, the head writes the full
     logits and the loss reads them (`megatron/parallel/cross_entropy.py`). DPO and KTO take
     their log-probabilities (policy and reference) the same way, their backward recomputing
-    each chunk's logits (one more head matmul). Not with `train_impl: rm` (a value head), ZeRO
-    stage 3 (whose partitioned head weight is gathered only inside the head's forward) or fp16
-    (the language-model loss makes the logits' gradient in the forward, before the loss scale,
-    where it would underflow); those refuse a value > 0. Evaluation losses take the same path;
+    each chunk's logits (one more head matmul). In fp16 the language-model loss makes the
+    logits' gradient in the forward, before the loss scale: each chunk's is lifted by a power of
+    two into fp16's range for the fp16 matmuls, and both gradients are held in fp32 until the
+    loss scale multiplies them (the hidden states' adds tokens × h × 2 bytes over an fp16 one),
+    so an overflow reaches the dynamic loss scaler as on the unfused path. Not with `train_impl:
+    rm` (a value head) or ZeRO stage 3 (whose partitioned head weight is gathered only inside
+    the head's forward); those refuse a value > 0. Evaluation losses take the same path;
     generation and the other tools write logits."""
 
     checkpoint_activations: bool = False

@@ -237,7 +237,6 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
     "text, message",
     [
         ("loss_chunk_tokens: -1\n", r"loss_chunk_tokens \(.*bad.yml\) must be >= 0"),
-        ("loss_chunk_tokens: 512\nprecision: fp16\n", r"loss_chunk_tokens .*underflow in fp16"),
         (
             "loss_chunk_tokens: 512\npipe_parallel_size: 0\nzero_optimization: {stage: 3}\n",
             r"loss_chunk_tokens \(.*bad.yml\) .*ZeRO stage 3",
@@ -251,6 +250,14 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
 def test_loss_chunk_tokens_is_refused_where_it_would_not_apply(write, text, message):
     with pytest.raises(ConfigError, match=message):
         _load(write, text, vocab_size=100)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_loss_chunk_tokens_is_accepted_in_every_precision(write, precision):
+    """fp16 too: each chunk's logits gradient is lifted into fp16's range before its cast and
+    the gradients stay fp32 until the loss scale arrives (`chunked_cross_entropy.py`)."""
+    cfg = _load(write, f"loss_chunk_tokens: 512\nprecision: {precision}\n", vocab_size=100)
+    assert cfg.model.loss_chunk_tokens == 512 and cfg.precision.dtype == precision
 
 
 def test_loss_chunk_tokens_reaches_the_model(write):
