@@ -1,6 +1,8 @@
 """Generation computes the output head for the last position only
 (`InferenceModel.forward(last_only=True)`): no tensor of prompt length x vocabulary is written
-during a step, and the last position's logits are the full forward's.
+during a step, and the last position's logits are the full forward's (in one process, and at
+tp 2, each rank's vocabulary shard of the last position gathered, against the one-process
+full forward).
 
 A 2-layer GPT 16 wide over GPT-NeoX's padded vocabulary (50304 rows, 50277 tokens) and a
 300-token prompt, tied and untied heads, with `tests/device_costs.py::LargeTensors` recording
@@ -15,16 +17,17 @@ import pytest
 import torch
 
 from megatron.inference import InferenceModel, SamplingSettings, generate
-from megatron.model import ModelArgs, build_gpt
+from megatron.model import ModelArgs, build_gpt, full_state_dict, load_full_state_dict
 from megatron.parallel import ParallelTopology
 from tests.device_costs import LargeTensors
+from tests.distributed import run_distributed
 
 VOCAB, TOKENS, PROMPT = 50304, 50277, 300
 HEADS = {"tied": {}, "untied": {"no_weight_tying": True}}
 
 
-def tiny_model(head: str) -> InferenceModel:
-    args = ModelArgs(
+def model_args(head: str) -> ModelArgs:
+    return ModelArgs(
         num_layers=2,
         hidden_size=16,
         num_attention_heads=2,
@@ -35,6 +38,10 @@ def tiny_model(head: str) -> InferenceModel:
         seed=3,
         **HEADS[head],
     )
+
+
+def tiny_model(head: str) -> InferenceModel:
+    args = model_args(head)
     torch.manual_seed(0)
     module = build_gpt(args)
     topology = ParallelTopology(1, 1, world_size=1)
@@ -69,3 +76,24 @@ def test_last_position_logits_are_the_full_forwards(head):
     assert full.shape == (2, PROMPT, TOKENS) and last.shape == (2, 1, TOKENS)
     assert last.dtype == torch.float32
     torch.testing.assert_close(last, full[:, -1:], rtol=1e-5, atol=1e-5)
+
+
+def _tp2_last(rank, world_size, head, state, tokens):
+    topology = ParallelTopology(tp_size=2, pp_size=0)
+    args = model_args(head)
+    module = build_gpt(args, topology)
+    load_full_state_dict(module, state, topology.tp_group)
+    model = InferenceModel(module, args, topology, torch.device("cpu"), torch.float32, TOKENS)
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape)
+    return model.forward(tokens, positions, last_only=True)
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_last_position_logits_at_tp2_are_the_full_forwards(head):
+    model = tiny_model(head)
+    tokens = torch.tensor(prompt(batch=2))
+    full = model.forward(tokens, torch.arange(PROMPT).expand(2, PROMPT))
+    state = {k: v.clone() for k, v in full_state_dict(model.module).items()}
+    for last in run_distributed(_tp2_last, 2, head, state, tokens):
+        assert last.shape == (2, 1, TOKENS)
+        torch.testing.assert_close(last, full[:, -1:], rtol=1e-5, atol=1e-5)
