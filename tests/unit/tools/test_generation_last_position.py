@@ -5,10 +5,11 @@ tp 2, each rank's vocabulary shard of the last position gathered, against the on
 full forward).
 
 A 2-layer GPT 16 wide over GPT-NeoX's padded vocabulary (50304 rows, 50277 tokens) and a
-300-token prompt, tied and untied heads, with `tests/device_costs.py::LargeTensors` recording
-each op's outputs (as `tests/unit/training/test_loss_buffers.py` counts the training loss's
-logits-sized buffers). Before, the prompt step wrote the logits of every position, then their
-fp32 copy: 300 x 50304 elements each.
+300-token prompt, tied and untied heads (the equality also with MoE, Mamba and RWKV layers),
+with `tests/device_costs.py::LargeTensors` recording each op's outputs (as
+`tests/unit/training/test_loss_buffers.py` counts the training loss's logits-sized buffers).
+Before, the prompt step wrote the logits of every position, then their fp32 copy: 300 x 50304
+elements each.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ from tests.distributed import run_distributed
 
 VOCAB, TOKENS, PROMPT = 50304, 50277, 300
 HEADS = {"tied": {}, "untied": {"no_weight_tying": True}}
+MOE = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", moe_expert_interval=1)
+# the layers before the head see every position whatever they are
+FAMILIES = {
+    **HEADS,
+    "moe": MOE,
+    "mamba": {"layer_attention_types": ("mamba", "global"), "norm": "rmsnorm"},
+    "rwkv": {"layer_attention_types": ("rwkv", "global")},
+}
 
 
 def model_args(head: str) -> ModelArgs:
@@ -36,7 +45,7 @@ def model_args(head: str) -> ModelArgs:
         seq_length=PROMPT + 8,
         pos_emb="rotary",
         seed=3,
-        **HEADS[head],
+        **FAMILIES[head],
     )
 
 
@@ -66,7 +75,7 @@ def test_no_prompt_by_vocabulary_tensor_while_generating(head, recompute):
     assert any(b.shape[-1] == VOCAB for b in buffers.buffers), buffers.report()
 
 
-@pytest.mark.parametrize("head", sorted(HEADS))
+@pytest.mark.parametrize("head", sorted(FAMILIES))
 def test_last_position_logits_are_the_full_forwards(head):
     model = tiny_model(head)
     tokens = torch.tensor(prompt(batch=2))
