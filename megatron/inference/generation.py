@@ -5,6 +5,7 @@
 Prompts of equal length run as one batch (no padding, so positions are exact). Every step:
 the model runs (the new token only with the key/value cache, the whole sequence with
 `recompute`), the last stage picks the next token of each row (`sampling.py`) from the logits
+of the last position (`forward(last_only=True)`: the output head runs for that position only)
 over the tokenizer's vocabulary (`InferenceModel` cuts off the padding rows) and broadcasts
 it to every rank of the model replica, so all stages feed the same tokens next. A row ends at
 the end-of-document token (not included in its output) or after `maximum_tokens`, or when the
@@ -72,7 +73,7 @@ def generate_batch(
     with cache:
         inputs, positions = tokens, _positions(0, length, batch)
         for _ in range(steps):
-            logits = model.forward(inputs, positions)
+            logits = model.forward(inputs, positions, last_only=True)  # (b, 1, V)
             chosen = _next_tokens(model, logits, settings, generator, batch)
             for row, token in enumerate(chosen.tolist()):
                 if done[row]:

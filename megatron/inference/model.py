@@ -5,6 +5,7 @@ forward pass across pipeline stages that returns full-vocabulary logits.
                                                               # loads cfg.checkpointing.load
     logits = model.forward(tokens, position_ids)              # (b, s, V) on the last stage,
                                                               # None on the other stages
+    logits = model.forward(tokens, position_ids, last_only=True)  # (b, 1, V): generation's
     ids = model.broadcast_from_last_stage(ids)                # the same tensor on every rank
                                                               # of this model replica
 
@@ -14,7 +15,10 @@ the next stage with `torch.distributed.send` after a small header (tuple or tens
 because the boundary may fall after any layer. The last stage gathers the vocabulary-parallel
 logits over tensor-parallel ranks and returns only the tokenizer's `vocab_size` rows: the
 rows padding the table to `padded_vocab_size` are no tokens, so nothing downstream (sampling,
-lm-eval's log-softmax) may ever see them.
+lm-eval's log-softmax) may ever see them. Scoring (lm-eval, precomputed log-probabilities)
+reads every position; generation reads the last one only, and with `last_only=True` the output
+head, the gather and the fp32 cast run for that position alone (a 2k prompt over a 50k
+vocabulary would otherwise write a 400 MB fp32 tensor for one row of it).
 
 Weights are read with `megatron.checkpoint_tools.CheckpointReader` (only this stage's layers),
 so a checkpoint saved at any tp/pp loads at any other. The model is built without sequence
@@ -156,19 +160,34 @@ class InferenceModel:
         return (tensor, position_ids) if is_tuple else tensor
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor | None:
+    def forward(
+        self, tokens: torch.Tensor, position_ids: torch.Tensor, *, last_only: bool = False
+    ) -> torch.Tensor | None:
         """`(b, s)` tokens and positions -> logits `(b, s, vocab_size)` (the real vocabulary,
         padding rows cut off) on the last stage, None elsewhere. Collective over this model
-        replica (all stages, all tp)."""
+        replica (all stages, all tp).
+
+        `last_only`: logits `(b, 1, vocab_size)` of the last position only, all generation
+        reads. The hidden states are cut to that position before the output head (the last
+        layer of the last stage, `specs.py`), so neither the head's matmul, nor the
+        tensor-parallel all-gather, nor the fp32 copy ever runs over the whole sequence; the
+        layers before the head see every position, so the logits are those of the full
+        forward's last position."""
         tokens = tokens.to(self.device)
         position_ids = position_ids.to(self.device)
         topo = self.topology
         x = (tokens, position_ids) if topo.is_first_stage else self._recv(position_ids)
-        for fn in self.funcs:
+        funcs = self.funcs
+        if topo.is_last_stage and last_only:
+            funcs = funcs[:-1]  # the head runs below, on the last position
+        for fn in funcs:
             x = fn(x)
         if not topo.is_last_stage:
             self._send(x)
             return None
+        if last_only:
+            # (s, b, h) hidden states (no sequence parallelism here) -> (1, b, h)
+            x = self.funcs[-1](x[-1:])  # (b, 1, V/tp)
         logits = all_gather_along(x.float(), x.dim() - 1, topo.tp_group)  # (b, s, V padded)
         return logits[..., : self.vocab_size]  # (b, s, V)
 
