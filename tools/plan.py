@@ -27,6 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from megatron.errors import run_tool  # noqa: E402
+from megatron.kernels.deepspeed_ops import choose_accelerator  # noqa: E402
+
+choose_accelerator()  # before the planning imports import DeepSpeed: it need not guess
 
 
 def parse_args(argv):

@@ -93,6 +93,16 @@ def test_deepy_dry_run_prints_the_plan_as_json():
     assert "optimizer state" in plan["stages"][0]["model_states"]
 
 
+def test_the_tool_prints_the_plan_and_nothing_of_deepspeeds():
+    """Its console is the plan: DeepSpeed's import guessed the device and warned on every run."""
+    command = [sys.executable, "tools/plan.py", str(NEOX_20B), "--world-size", "96",
+               "--vocab-size", str(NEOX_VOCAB), "--gpu", "A100-40GB"]  # fmt: skip
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("memory plan, per rank (A100-40GB")
+    assert "Setting accelerator" not in run.stdout + run.stderr, run.stderr
+
+
 def test_a_launch_that_would_not_fit_is_warned_of(caplog, tmp_path):
     import deepy
 
