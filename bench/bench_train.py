@@ -3,7 +3,7 @@
     python bench/bench_train.py [configs/small.yml configs/local.yml] [--steps 20] [--warmup 3]
                                 [--set KEY=VALUE ...] [--engines pipeline,plain]
                                 [--precisions fp32,bf16] [--compiled]
-                                [--loss-chunk-tokens N] [--out PATH]
+                                [--loss-chunk-tokens N] [--vocab-size V] [--out PATH]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
 pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
@@ -43,15 +43,21 @@ sys.path.insert(0, str(REPO))
 from megatron.config import load_config  # noqa: E402
 from megatron.training.metrics.flops import shape_from_config, training_flops_per_token  # noqa: E402
 
+VOCAB_SIZE = None  # --vocab-size: the model's vocabulary instead of the tokenizer's
+
 
 def resolve(files, overrides, **changes):
     from megatron.data import build_tokenizer
 
     sets = overrides + [f"{k}={json.dumps(v)}" for k, v in changes.items()]
     cfg = load_config(files, sets, world_size=1, warn=[])
-    return load_config(
-        files, sets, world_size=1, vocab_size=build_tokenizer(cfg).vocab_size, warn=[]
-    )
+    vocab = VOCAB_SIZE or build_tokenizer(cfg).vocab_size
+    return load_config(files, sets, world_size=1, vocab_size=vocab, warn=[])
+
+
+def add_vocab_size_argument(parser) -> None:
+    help = "a larger vocabulary than the tokenizer's (Qwen3's 151936): the data's ids stay its"
+    parser.add_argument("--vocab-size", type=int, help=help)
 
 
 def fixed_batches(cfg, count: int):
@@ -223,8 +229,11 @@ def main(argv=None) -> int:
     parser.add_argument("--compiled", action="store_true", help="add the torch.compile'd runs")
     parser.add_argument("--loss-chunk-tokens", type=int, default=0,
                         help="add each engine with the head fused with the loss")  # fmt: skip
+    add_vocab_size_argument(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="path of the JSON to write")
     args = parser.parse_args(argv)
+    global VOCAB_SIZE
+    VOCAB_SIZE = args.vocab_size
     out = Path(args.out).expanduser().resolve()
     os.environ.setdefault("MASTER_PORT", "29517")
 

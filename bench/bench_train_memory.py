@@ -3,7 +3,7 @@ process per contender.
 
     python bench/bench_train_memory.py [configs...] [--set KEY=VALUE ...] [--steps 3]
                                        [--precisions fp32,bf16] [--loss-chunk-tokens N]
-                                       [--out PATH]
+                                       [--vocab-size V] [--out PATH]
 
 The contenders are `bench_train.py`'s (our pipeline and plain engines, with `--loss-chunk-tokens
 N` each again with the head fused with the loss; the eager `transformers.GPTNeoXForCausalLM`
@@ -69,8 +69,10 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--loss-chunk-tokens", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "train_memory_cpu.json"))
+    bench_train.add_vocab_size_argument(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    bench_train.VOCAB_SIZE = args.vocab_size
     os.environ.setdefault("MASTER_PORT", "29519")
     if args.child:
         print(json.dumps(child(args)))
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
         names.append(f"{precision}:loop:0")
         for name in names:
             sets = [arg for s in args.overrides for arg in ("--set", s)]
+            if args.vocab_size:
+                sets += ["--vocab-size", str(args.vocab_size)]
             cmd = [sys.executable, __file__, *args.configs, *sets, "--steps", str(args.steps),
                    "--child", name]  # fmt: skip
             run = subprocess.run(cmd, capture_output=True, text=True)
