@@ -53,6 +53,7 @@ from megatron.launcher.failures import (
     write_failure,
 )
 from megatron.launcher.peers import lost_peer_error
+from megatron.launcher.stopping import take_sigterm
 
 PACKAGE = Path(__file__).resolve().parent
 OUR_CODE = (PACKAGE, PACKAGE.parent / "tools")  # the package and the tools run from a checkout
@@ -133,6 +134,7 @@ def run_worker(
     one has exited. What must reach disk is written by then (the loggers close as the
     exception leaves `pretrain`, the record here).
     """
+    take_sigterm()  # blocked by deepy.py for the runner: the rank's own stop signal
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         main(argv)

@@ -13,9 +13,10 @@
   the runner, and deepy.py keeps waiting for it instead of dying first: the launch's files are
   then removed once the runner is gone (a killed deepy.py left its hostfile and errors folder
   behind). SIGINT (Ctrl-C) reaches the runner from the terminal itself; deepy.py waits for it.
-* A launch whose ranks run here (`run_local_runner`): the runner starts with SIGINT blocked,
-  for it, its launch.py and the ranks, and deepy.py alone stops the run on a Ctrl-C or a
-  SIGTERM (megatron/launcher/stopping.py); `RunnerEnd` says how it ended.
+* A launch whose ranks run here (`run_local_runner`): the runner starts with SIGINT and SIGTERM
+  blocked, for it and its launch.py (each rank unblocks SIGTERM), and deepy.py alone stops the
+  run on a Ctrl-C or a SIGTERM, to it or to the whole process group
+  (megatron/launcher/stopping.py); `RunnerEnd` says how it ended.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from megatron.launcher.stopping import REQUESTED, RunStopper
+from megatron.launcher.stopping import REQUESTED, RUNNER_BLOCKED, RunStopper
 
 REMOTE_LAUNCHER_INFO = re.compile(
     rb"^[\w.@-]+: \[[^\]]*\] \[(INFO|ERROR)\] \[launch\.py:\d+:\w+\] "
@@ -110,7 +111,7 @@ def run_local_runner(
     every process of the run (module docstring); `announce(state, signum)` as a stop goes."""
     stopper = RunStopper(announce)
     with _stop_signals(stopper) as handled:
-        with _sigint_blocked(handled):  # inherited: the runner and all it starts ignore a Ctrl-C
+        with _stops_blocked(handled):  # inherited: the runner and launch.py act on neither
             proc = subprocess.Popen(argv, env=env)
         stopper.attach(proc.pid)
         status = _wait(proc, stopper)
@@ -147,13 +148,14 @@ def _wait_for_the_rest(stopper: RunStopper) -> None:
 
 
 @contextmanager
-def _sigint_blocked(block: bool) -> Iterator[None]:
-    """With `block`, SIGINT blocked in this thread for the block: a process started in it
-    inherits the mask (a signal that comes meanwhile waits for the handler in place after)."""
+def _stops_blocked(block: bool) -> Iterator[None]:
+    """With `block`, SIGINT and SIGTERM blocked in this thread for the block: a process started
+    in it inherits the mask (a signal that comes meanwhile waits for the handler in place
+    after)."""
     if not block:
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, RUNNER_BLOCKED)
     try:
         yield
     finally:

@@ -2,12 +2,15 @@
 process of the run outlives deepy.py (the ranks' side is megatron/training/loop/signals.py).
 
 A terminal's Ctrl-C sends SIGINT to its whole foreground process group: deepy.py, DeepSpeed's
-runner, its launch.py and every rank at once. Left to DeepSpeed 0.19.8, the runner of a local
-launch has no handler (a KeyboardInterrupt traceback, and it exits while launch.py goes on),
-and launch.py's handler SIGTERMs the ranks and SIGKILLs any not gone 30 s later, saving or
-not. So `runner_process.run_local_runner` starts the runner with SIGINT blocked, a mask that
-launch.py, the ranks and everything they start inherit: only deepy.py acts on a Ctrl-C, through
-a `RunStopper`:
+runner, its launch.py and every rank at once; `timeout`, `kill -- -PGID`, systemd and a
+scheduler's stop of every process of a job send SIGTERM the same way. Left to DeepSpeed 0.19.8,
+the runner of a local launch has no handler (a KeyboardInterrupt traceback or exit status -15,
+and it exits while launch.py goes on), and launch.py's handler SIGTERMs the ranks and SIGKILLs
+any not gone 30 s later, saving or not: a step plus a save longer than that lost the save. So
+`runner_process.run_local_runner` starts the runner with SIGINT and SIGTERM blocked
+(`RUNNER_BLOCKED`), a mask that launch.py and the ranks inherit; each rank unblocks SIGTERM as
+it starts (`take_sigterm`, called by `megatron/errors.py::run_worker`), and only deepy.py acts
+on a Ctrl-C or a SIGTERM to the runner's side, through a `RunStopper`:
 
 * the first Ctrl-C (or a SIGTERM to deepy.py): SIGTERM to every rank, the children of
   launch.py (a rank that starts later gets it as it appears); a training rank finishes its step,
@@ -34,6 +37,7 @@ from megatron.launcher.failures import BUG, LOST_PEER, USER, Failure
 
 LAUNCH_MODULE = "deepspeed.launcher.launch"  # the runner's local launcher; its children: ranks
 REQUESTED, FORCED = "requested", "forced"
+RUNNER_BLOCKED = frozenset({signal.SIGINT, signal.SIGTERM})  # blocked in the runner, launch.py
 INTERRUPTED_EXIT = 130  # 128 + SIGINT: the shell's status for a job that Ctrl-C stopped
 
 
@@ -154,6 +158,13 @@ def _send(proc: psutil.Process, signum: int) -> None:
         proc.send_signal(signum)
     except psutil.Error:  # gone meanwhile (psutil refuses a reused pid)
         pass
+
+
+def take_sigterm() -> None:
+    """A rank's first act: unblock SIGTERM, which it inherits blocked from a runner that deepy.py
+    started (`RUNNER_BLOCKED`), so the SIGTERM that deepy.py sends it reaches its handler; SIGINT
+    stays blocked. Nothing changes in a rank that a launcher started without that mask."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def announce_stop(state: str, signum: int, *, saves: bool) -> None:

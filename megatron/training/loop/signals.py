@@ -1,7 +1,8 @@
 """SIGTERM/SIGINT: finish the current iteration, save a checkpoint and exit cleanly.
 
 Under deepy.py on one machine a rank never sees the terminal's Ctrl-C: SIGINT stays blocked in
-it (inherited from deepy.py), which passes the stop on as one SIGTERM
+it (inherited from deepy.py, which blocks SIGTERM too for DeepSpeed's launcher; `run_worker`
+takes SIGTERM back), and deepy.py passes the stop on as one SIGTERM
 (megatron/launcher/stopping.py), so nothing interrupts a save. A SIGINT that reaches a rank
 otherwise (a launcher that forwards it) is remembered like a SIGTERM; a second one raises
 KeyboardInterrupt there.

@@ -3,9 +3,12 @@
     python fake_run.py deepy FOLDER      run_local_runner over the tree below; prints how it ended
     python fake_run.py runner FOLDER     deepspeed.launcher.runner: no handler of its own
     python fake_run.py launch FOLDER deepspeed.launcher.launch
-                                         launch.py: on SIGINT/SIGTERM, terminates the ranks, exits 1
-    python fake_run.py rank FOLDER N     a training rank: on SIGTERM "saves" (SAVE_S seconds),
-                                         writes rankN.saved and exits 0 (a SIGTERM in its first
+                                         launch.py: on SIGINT/SIGTERM, terminates the ranks,
+                                         kills those not gone KILL_WAIT_S later (DeepSpeed: 30),
+                                         exits 1
+    python fake_run.py rank FOLDER N     a training rank: first unblocks SIGTERM as run_worker
+                                         does; on SIGTERM "saves" (SAVE_S seconds), writes
+                                         rankN.saved and exits 0 (a SIGTERM in its first
                                          instants, before its handler, kills it); its child, a
                                          data-loader worker, ignores SIGINT and SIGTERM
 
@@ -56,6 +59,11 @@ def launch(folder: Path) -> None:
     def terminate(signum, frame):
         for rank in ranks:
             rank.terminate()
+        deadline = time.monotonic() + float(os.environ.get("KILL_WAIT_S", "30"))
+        while any(rank.poll() is None for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for rank in ranks:
+            rank.kill()
         sys.exit(1)
 
     signal.signal(signal.SIGINT, terminate)
@@ -71,6 +79,9 @@ def launch(folder: Path) -> None:
 
 
 def rank(folder: Path, n: str) -> None:
+    from megatron.launcher.stopping import take_sigterm
+
+    take_sigterm()
     loader = None
 
     def save(signum, frame):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from megatron.launcher.runner_process import run_runner
+from megatron.launcher.stopping import RUNNER_BLOCKED
 from tests.processes import session_left
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,6 +48,7 @@ def test_verbose_keeps_every_line(capfd):
 WAITER = """
 import signal, sys, time
 from megatron.launcher.runner_process import run_runner
+from megatron.launcher.stopping import RUNNER_BLOCKED
 from tests.processes import session_left
 
 runner = [sys.executable, "-c", '''
@@ -175,16 +177,37 @@ def test_a_sigterm_to_deepy_stops_the_ranks_as_a_ctrl_c_does(tmp_path):
     assert len(list(tmp_path.glob("rank*.saved"))) == 2
 
 
-MASK = [sys.executable, "-c", "import signal; print(signal.SIGINT in signal.pthread_sigmask("
-        "signal.SIG_BLOCK, []), flush=True)"]  # fmt: skip
+def test_a_sigterm_to_the_whole_process_group_waits_for_the_ranks_save(tmp_path):
+    # `timeout`, `kill -- -PGID`, a scheduler stopping every process: launch.py, left to act,
+    # would kill the ranks KILL_WAIT_S after its own SIGTERM, in the middle of their save
+    proc = _fake_deepy(tmp_path, SAVE_S="2", KILL_WAIT_S="0.5")
+    _wait_for(tmp_path, "loader.*", 2, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = _finish(proc)
+    assert out.splitlines() == ["announced requested SIGTERM", "ended status 0 stop requested"]
+    assert len(list(tmp_path.glob("rank*.saved"))) == 2
 
 
-def test_the_runner_inherits_sigint_blocked_only_where_deepy_handles_the_ctrl_c(capfd):
+BLOCKED = "sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM})"
+MASK = [sys.executable, "-c", f"import signal; print(len({BLOCKED}), flush=True)"]
+RANK = [sys.executable, "-c", "import signal; from megatron.errors import run_worker; "
+        f"run_worker(lambda argv: print([s.name for s in {BLOCKED}], flush=True))"]  # fmt: skip
+
+
+def test_the_runner_inherits_the_stops_blocked_only_where_deepy_handles_them(capfd):
     from megatron.launcher.runner_process import run_local_runner
 
     assert run_local_runner(MASK, None, print).status == 0  # the main thread: handled
     outside = threading.Thread(target=run_local_runner, args=(MASK, None, print))
     outside.start()  # no handler can be set there: a Ctrl-C stays the runner's own
     outside.join(timeout=60)
-    assert capfd.readouterr().out.split() == ["True", "False"]
-    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # restored
+    assert capfd.readouterr().out.split() == ["2", "0"]
+    assert not RUNNER_BLOCKED & signal.pthread_sigmask(signal.SIG_BLOCK, [])  # restored
+
+
+def test_a_worker_takes_sigterm_back_and_leaves_sigint_blocked(capfd):
+    from megatron.launcher.runner_process import run_local_runner
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    assert run_local_runner(RANK, env, print).status == 0
+    assert capfd.readouterr().out.split() == ["['SIGINT']"]
