@@ -39,7 +39,7 @@ train: install data
 		--set save=checkpoints/small --set load=checkpoints/small $(ARGS)
 
 test: install-test
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=20 $(ARGS)
 
 # Builds data/shakespeare/ once; says so and does nothing when it is there.
 data: install
