@@ -26,6 +26,7 @@ from megatron.kernels.deepspeed_ops import choose_accelerator  # noqa: E402
 choose_accelerator()  # before the imports below import DeepSpeed: it need not guess
 
 from megatron.checkpoint_tools import import_hf  # noqa: E402
+from megatron.config.verbosity import quiet_transformers  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
 from megatron.launcher.optional_packages import check_tool_packages  # noqa: E402
 
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
     check_tool_packages(
         "convert_from_hf.py"
     )  # transformers and safetensors: not in the quick start
+    quiet_transformers()
     result = import_hf(
         args.hf,
         args.output,

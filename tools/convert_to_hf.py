@@ -41,6 +41,7 @@ from megatron.checkpoint_tools.hf_export import (  # noqa: E402
     DTYPES,
     VERIFY_TOLERANCE,
 )
+from megatron.config.verbosity import quiet_transformers  # noqa: E402
 from megatron.errors import run_tool  # noqa: E402
 from megatron.launcher.optional_packages import check_tool_packages  # noqa: E402
 
@@ -78,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_tool_packages("convert_to_hf.py")  # transformers, safetensors: not in the quick start
+    quiet_transformers()
     cfg = config_from_files(args.config) if args.config else None
     reader = CheckpointReader(args.checkpoint, cfg)
     state = reader.state_dict()

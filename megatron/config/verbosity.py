@@ -66,3 +66,12 @@ def quiet_deepspeed() -> Iterator[None]:
         return
     with contextlib.redirect_stdout(io.StringIO()):
         yield
+
+
+def quiet_transformers() -> None:
+    """Switch off transformers' progress bars ("Writing model shards", "Loading weights") for
+    the Hugging Face conversion tools, whose own lines say what was read and written. Call
+    once transformers is known to be installed."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()

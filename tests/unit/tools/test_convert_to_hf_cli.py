@@ -3,6 +3,8 @@
 - A model the target class cannot express (QK-norm) is refused by the command line with exit
   status 2, the option named, and no output folder; the message is all that is printed (on a
   CPU machine DeepSpeed's import warned before it that it found no GPU).
+- A good export prints the tool's three lines (read, exported, verified) and nothing else:
+  transformers' progress bars are off.
 - `--verify` exits with status 1 when the exported weights do not reproduce ours: the export
   is corrupted on disk between the tool's export and its verification (the tool's own
   `export_hf` call, wrapped by the test), and 0 when they do.
@@ -67,6 +69,21 @@ def test_inexpressible_model_is_refused_by_the_command_line(tmp_path):
     assert "GPTNeoXForCausalLM" in done.stderr and "use_qk_layernorm=True" in done.stderr
     assert done.stdout == "" and done.stderr.startswith("convert_to_hf.py: "), done.stdout
     assert not out.exists()
+
+
+def test_an_export_prints_its_own_lines_and_no_progress_bars(tmp_path):
+    ckpt = checkpoint(tmp_path / "ckpt")
+    done = subprocess.run(
+        [sys.executable, "tools/convert_to_hf.py", "--checkpoint", str(ckpt)]
+        + ["--output", str(tmp_path / "hf"), "--verify"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # transformers' "Writing model shards", "Loading weights" bars
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["read", "exported", "verify:"], lines
 
 
 def test_verify_fails_when_the_export_does_not_reproduce_ours(tmp_path, monkeypatch, capsys):
