@@ -9,6 +9,9 @@
 #
 #   make train ARGS="--set train_iters=20"    # ARGS go to deepy.py (or to pytest for `test`)
 #   make test ARGS="tests/unit -x"
+#
+#   make docs          build the documentation site into site/ (mkdocs build --strict)
+#   make docs-serve    serve it on http://127.0.0.1:8000, rebuilding on every change
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +33,7 @@ TEST_REQS := $(TRAIN_REQS) $(REQ)/requirements-dev.txt $(REQ)/requirements-tenso
 	$(REQ)/requirements-hf.txt \
 	$(REQ)/requirements-mup.txt
 
-.PHONY: train test data install install-test wheelhouse install-offline
+.PHONY: train test data install install-test wheelhouse install-offline docs docs-serve
 
 # The quick start keeps its checkpoints apart (checkpoints/small): local.yml's `checkpoints` is
 # then free for the next model a user trains with it (configs/160M.yml local.yml, say).
@@ -44,6 +47,18 @@ test: install-test
 # Builds data/shakespeare/ once; says so and does nothing when it is there.
 data: install
 	$(PY) prepare_data.py shakespeare
+
+# The documentation site (mkdocs.yml): --strict turns every warning (a broken link or anchor,
+# a page left out of the navigation) into a failed build. MkDocs comes with the test tools.
+# NO_MKDOCS_2_WARNING: Material's end-of-life notice, printed on every build, says nothing
+# about these pages.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+
+docs: install-test
+	$(MKDOCS) build --strict --site-dir site
+
+docs-serve: install-test
+	$(MKDOCS) serve --strict
 
 install: $(ENV)/.megatron-neox-train
 install-test: $(ENV)/.megatron-neox-test
