@@ -1,4 +1,4 @@
-"""Build the DeepSpeed ops this trainer loads, once, at install time (the README's install step).
+"""Build the DeepSpeed ops this trainer loads, once, at install (docs/getting-started.md).
 
     python tools/build_deepspeed_ops.py            # no-op when they are built already
     python tools/build_deepspeed_ops.py --check    # exit 1 and name them when any is missing

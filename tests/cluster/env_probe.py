@@ -3,7 +3,7 @@
     python deepy.py tests/cluster/env_probe.py run.yml
 
 Each rank writes `{save}/probe-rank{RANK}.json`: its host name, its rank as the launcher set
-it, and the environment variables the README says reach every rank (their values, and for
+it, and the environment variables docs/training.md says reach every rank (their values, and for
 a secret only a hash of its value).
 """
 

@@ -1,6 +1,6 @@
 """A cluster's bad days, on real daemons: preemption before a time limit, and a node that dies.
 
-* Preemption: the README's self-requeueing batch script, stopped mid-run by
+* Preemption: docs/training.md's self-requeueing batch script, stopped mid-run by
   `scancel --signal=TERM JOB.0` (what SLURM does at `--signal=TERM@SECONDS` before the time
   limit, and what a preemption sends): every rank finishes its step, saves one checkpoint and
   exits 0, with data-loader workers running (`num_workers: 2`), the script requeues the job,
@@ -100,7 +100,7 @@ def test_a_preempted_job_saves_requeues_itself_and_resumes_exactly(cluster, refe
     config = run_config(tmp_path, num_workers=2)
     deepy = deepy_argv(config, REPO / "configs" / "slurm.yml", "--set", "num_gpus=1")
     script = tmp_path / "job.sh"
-    script.write_text(  # the README's recipe, with this run's paths
+    script.write_text(  # docs/training.md's recipe, with this run's paths
         "#!/bin/bash\n"
         "#SBATCH --nodes=2 --ntasks-per-node=1\n"
         "#SBATCH --signal=TERM@120 --requeue --open-mode=append\n"

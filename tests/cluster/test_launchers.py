@@ -4,7 +4,7 @@ Two nodes (`cluster.py`), one CPU rank each, gloo, the tiny character model: pds
 with a hostfile (DeepSpeed's default multi-node path), `launcher: slurm` inside an `sbatch`
 allocation (`configs/slurm.yml`), one `deepy.py` per node under `srun` (`no_ssh`), and
 OpenMPI's `mpirun`. Each run's losses equal those of the same config on 2 local ranks
-within 1e-5, and what the README says reaches the remote ranks does. Preemption and a node
+within 1e-5, and what docs/training.md says reaches the remote ranks does. Preemption and a node
 that dies are in `test_failures.py`.
 """
 

@@ -1,7 +1,7 @@
 """`python deepy.py eval.py CONFIG` on 2 CPU ranks (a pipeline of 2 stages, the checkpoint
 saved at tp=2, pp=2) with the local lm-eval tasks of `tests/data/lm_eval_task` (multiple
-choice, rolling loglikelihood, generation) and the README's offline task of `configs/lm_eval`
-(last words of Shakespeare; nothing downloaded) gives the results `lm-eval`
+choice, rolling loglikelihood, generation) and docs/checkpoints.md's offline task of
+`configs/lm_eval` (last words of Shakespeare; nothing downloaded) gives the results `lm-eval`
 gives for the exported Hugging Face model: the same accuracies and generations, perplexities
 equal to 1e-6. The export keeps only the tokenizer's rows (`--vocab-size`), since our scoring
 normalises over the real vocabulary, never over the rows padding the table."""
@@ -21,7 +21,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 pytestmark = pytest.mark.slow
 TASK_DIR = REPO / "tests" / "data" / "lm_eval_task"
-SHIPPED = REPO / "configs" / "lm_eval"  # the README's offline task
+SHIPPED = REPO / "configs" / "lm_eval"  # docs/checkpoints.md's offline task
 TASKS = ["tiny_mc", "tiny_ppl", "tiny_gen", "shakespeare_lastword"]
 
 

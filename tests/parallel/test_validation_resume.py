@@ -9,7 +9,7 @@ rank (its `shift_and_wrap_data_loaders`), which is the same number of samples at
 evaluation boundary (checked below with its formula) and a later one between two of them:
 there GPT-NeoX's own resumed run skips batches its unbroken run evaluates on (each of its
 evaluations reads `eval_iters · gradient_accumulation_steps` micro-batches). We keep the
-unbroken run's: the departure is listed in the README. With `eval_fixed_samples` every
+unbroken run's: the departure is listed in docs/gpt-neox.md. With `eval_fixed_samples` every
 evaluation reads the first evaluation's samples instead.
 """
 

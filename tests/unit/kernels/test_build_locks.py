@@ -5,8 +5,9 @@
   the ranks wait forever. A lock a live build holds is left alone and reported; one that may
   belong to another node's build refuses a multi-node launch, naming the file.
 * A worker that must wait on a lock says so, naming the file.
-* The ops DeepSpeed loads on this machine were built when it was installed (the README's
-  install step): DeepSpeed's own loader returns them from its package, and compiles nothing.
+* The ops DeepSpeed loads on this machine were built when it was installed (the install step of
+  docs/getting-started.md): DeepSpeed's own loader returns them from its package, and compiles
+  nothing.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ def test_layer_equals_neox_code_over_the_time_axis(index):
 
 
 def test_neox_pipeline_shifts_over_the_batch_axis():
-    """The departure the README lists: GPT-NeoX's `_pre_transformer_block` hands its layers
+    """The departure docs/gpt-neox.md lists: GPT-NeoX's `_pre_transformer_block` hands its layers
     (s, b, h) and `RWKVResidualLayerPipe` passes that to a forward reading (B, T, C), so its
     token shift mixes sample i with sample i-1 at one position. Ours shifts over time."""
     layer, x = _layer_and_input(1)
