@@ -307,9 +307,8 @@ def _run_script(block: Block, box: Path, env: dict, lines: list[str]) -> None:
     run = subprocess.run(
         ["bash", "-c", script], cwd=box, env=env, capture_output=True, text=True, timeout=600
     )
-    assert run.returncode == 0, (
-        f"{block.id} failed (exit {run.returncode}):\n{script}\n{(run.stdout + run.stderr)[-4000:]}"
-    )
+    said = run.stderr[-4000:] or run.stdout[-4000:]  # the failing command's error is last
+    assert run.returncode == 0, f"{block.id} failed (exit {run.returncode}):\n{script}\n{said}"
 
 
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=lambda b: b.id)
