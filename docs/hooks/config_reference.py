@@ -3,7 +3,7 @@
 `docs/config-keys.md` holds an introduction and the marker below; the build replaces the
 marker with `render_markdown()`, the same text as `python deepy.py --describe --markdown`
 (and `configs/README.md`), so the page cannot drift from the code. Its title is the page's
-own, and each group's heading keeps the group and class names (not the dataclass signature).
+own.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ def _reference() -> str:
     from megatron.config.describe import render_markdown
 
     text = render_markdown()
-    text = re.sub(r"\A# [^\n]*\n", "", text)  # the page has its own title
-    return re.sub(r"^(## `\w+`: \w+)\(.*\)$", r"\1", text, flags=re.M)
+    return re.sub(r"\A# [^\n]*\n", "", text)  # the page has its own title
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

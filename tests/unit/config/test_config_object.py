@@ -81,3 +81,12 @@ def test_configs_readme_is_current():
     assert actual == expected, (
         "regenerate: python deepy.py --describe --markdown > configs/README.md"
     )
+
+
+def test_each_group_heading_names_the_group_and_says_what_it_holds():
+    # A config dataclass has no docstring of its own: its __doc__ is the generated signature,
+    # which once made each heading a line of several thousand characters.
+    lines = render_markdown().splitlines()
+    for group, cls in GROUPS.items():
+        at = lines.index(f"## `{group}`: `{cls.__name__}`")
+        assert f"`cfg.{group}`" in lines[at + 2], (group, lines[at + 2])
