@@ -10,14 +10,13 @@ room really makes. Every page is in mkdocs.yml's navigation and in the README's 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests.docs_site import build_site, nav_pages
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
@@ -87,7 +86,7 @@ def test_the_architecture_document_exists():
 
 
 def test_every_page_is_in_the_navigation_and_the_readme_map():
-    nav = set(re.findall(r"^\s*- [^:\n]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    nav = set(nav_pages())
     pages = {_doc_id(p) for p in DOCS}
     assert nav == pages, f"mkdocs.yml's nav and docs/ differ: {sorted(nav ^ pages)}"
     readme = README.read_text()
@@ -207,14 +206,10 @@ def test_the_site_builds_strict_without_warnings(tmp_path):
     """`mkdocs build --strict`, as `make docs` runs it: a broken link or anchor, or a page
     left out of the navigation, is a warning and fails here. The key reference the build
     generates from the config classes lists every key."""
-    pytest.importorskip("mkdocs", reason="MkDocs comes with requirements/requirements-dev.txt")
-    pytest.importorskip("material", reason="the Material theme (mkdocs-material)")
     from megatron.config import KEY_TO_GROUP
 
     site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = build_site(site)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     warnings = [line for line in output.splitlines() if "WARNING" in line]

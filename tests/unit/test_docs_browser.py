@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.docs_site import build_site, nav_pages
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 BROWSER = os.environ.get("CHROME_BIN") or next(filter(None, map(shutil.which, BROWSERS)), None)
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no Chromium or Chrome binary found")
@@ -129,12 +129,8 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site_url(tmp_path_factory):
-    pytest.importorskip("mkdocs", reason="MkDocs comes with requirements/requirements-dev.txt")
-    pytest.importorskip("material", reason="the Material theme (mkdocs-material)")
     site = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
-    build = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    build = build_site(site)
     assert build.returncode == 0, (build.stdout + build.stderr)[-4000:]
     handler = functools.partial(_QuietHandler, directory=str(site))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # port 0: a free one
@@ -152,10 +148,9 @@ def browser(tmp_path_factory):
     chromium.close()
 
 
-def _nav_pages() -> dict[str, str]:
-    """{page path in the site ("" for the home page): its title} of mkdocs.yml's nav."""
-    nav = re.findall(r"^\s*- ([^:\n]+): (\S+)\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
-    return {("" if page == "index" else f"{page}/"): title for title, page in nav}
+def _nav_paths() -> list[str]:
+    """The site path of every page in mkdocs.yml's nav ("" for the home page)."""
+    return ["" if page == "index.md" else page.removesuffix(".md") + "/" for page in nav_pages()]
 
 
 LINKS = "[...document.querySelectorAll('.md-nav--primary a.md-nav__link')]"
@@ -166,7 +161,7 @@ def _check_page(browser: Chromium, url: str, heading: str) -> None:
     base = url.split("#")[0]
     links = browser.evaluate(f"{LINKS}.map(a => a.href)")
     site = re.match(r"https?://[^/]+/", url).group(0)
-    missing = [page for page in _nav_pages() if site + page not in links]
+    missing = [page for page in _nav_paths() if site + page not in links]
     assert not missing, f"{url}: the navigation lacks {missing}"
     assert browser.evaluate("document.querySelector('h1').firstChild.textContent.trim()") == heading
     active = browser.evaluate(f"{LINKS}.filter(a => a.matches('.md-nav__link--active'))"
