@@ -3,7 +3,7 @@
     python bench/bench_train.py [configs/small.yml configs/local.yml] [--steps 20] [--warmup 3]
                                 [--set KEY=VALUE ...] [--engines pipeline,plain]
                                 [--precisions fp32,bf16] [--compiled]
-                                [--loss-chunk-tokens N] [--vocab-size V] [--out PATH]
+                                [--loss-chunk-tokens N[,N...]] [--vocab-size V] [--out PATH]
 
 Builds the config's model (one rank, CPU gloo or one GPU) in our trainer, on DeepSpeed's
 pipeline engine (`pipe_parallel_size: 1`) and on its plain engine (`pipe_parallel_size: 0`),
@@ -12,9 +12,10 @@ entropy, backward, clip to `gradient_clipping`, `torch.optim.AdamW` with the sam
 For each precision in `--precisions`: fp32, and bf16 (ours: `precision: bfloat16`, DeepSpeed's
 bf16 weights with fp32 master weights; the loop: fp32 weights under `torch.autocast` bf16),
 skipped with a note where the device has no bf16 kernels. `--compiled` adds the loop over
-`torch.compile(model)` and our plain engine with `torch_compile: true`. `--loss-chunk-tokens N`
-adds each engine again with `loss_chunk_tokens: N` (the head fused with the loss, N tokens a
-chunk; the config's own value stays on the other contenders). Every contender trains
+`torch.compile(model)` and our plain engine with `torch_compile: true`. `--loss-chunk-tokens
+N[,N...]` adds each engine again with each `loss_chunk_tokens: N` (the head fused with the loss,
+N tokens a chunk; 0: the full logits; a sweep of chunk sizes), the config's own value (null:
+on, auto-sized) staying on the other contenders. Every contender trains
 `--warmup` untimed then `--steps` timed global batches, the same batches read from the
 config's training data, taking turns batch by batch (fair under a changing machine load).
 Reports tokens/s, achieved GFLOP/s (model FLOPs, `megatron/training/metrics/flops.py`) and
@@ -184,6 +185,18 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def loss_chunks(args) -> list[int]:
+    """`--loss-chunk-tokens`'s values: "0,256,1024" (0: the full logits)."""
+    return [int(chunk) for chunk in args.loss_chunk_tokens.split(",") if chunk.strip()]
+
+
+def add_loss_chunks_argument(parser) -> None:
+    parser.add_argument("--loss-chunk-tokens", default="", metavar="N[,N...]",
+                        help="add each engine with these loss_chunk_tokens (0: full logits; "
+                        "the config's own value, null: the fused head's auto size, stays on "
+                        "the other contenders)")  # fmt: skip
+
+
 def contenders(args, parser, precision: str, batches, notes: list) -> dict:
     """Step functions by name for one precision, built from the same config."""
     sets = dict(precision=PRECISIONS[precision])
@@ -199,8 +212,7 @@ def contenders(args, parser, precision: str, batches, notes: list) -> dict:
             parser.error(f"--engines: '{engine}' is not one of {', '.join(engines)}")
         cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine], **sets)
         steps[f"ours, {engine} engine"] = ours(cfg, batches)
-        if args.loss_chunk_tokens:
-            chunk = args.loss_chunk_tokens
+        for chunk in loss_chunks(args):
             cfg = resolve(args.configs, args.overrides, pipe_parallel_size=engines[engine],
                           loss_chunk_tokens=chunk, **sets)  # fmt: skip
             steps[f"ours, {engine} engine, loss_chunk_tokens {chunk}"] = ours(cfg, batches)
@@ -227,8 +239,7 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", default="pipeline,plain")
     parser.add_argument("--precisions", default="fp32,bf16", help="of: fp32, bf16")
     parser.add_argument("--compiled", action="store_true", help="add the torch.compile'd runs")
-    parser.add_argument("--loss-chunk-tokens", type=int, default=0,
-                        help="add each engine with the head fused with the loss")  # fmt: skip
+    add_loss_chunks_argument(parser)
     add_vocab_size_argument(parser)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="path of the JSON to write")
     args = parser.parse_args(argv)

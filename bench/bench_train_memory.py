@@ -2,18 +2,19 @@
 process per contender.
 
     python bench/bench_train_memory.py [configs...] [--set KEY=VALUE ...] [--steps 3]
-                                       [--precisions fp32,bf16] [--loss-chunk-tokens N]
+                                       [--precisions fp32,bf16] [--loss-chunk-tokens N[,N...]]
                                        [--vocab-size V] [--out PATH]
 
-The contenders are `bench_train.py`'s (our pipeline and plain engines, with `--loss-chunk-tokens
-N` each again with the head fused with the loss; the eager `transformers.GPTNeoXForCausalLM`
-loop), built from the same config and fed the same batches. Each runs in a process of its own
-(`--child`), so one's memory cannot hide in another's high-water mark: it builds its step
-function, reads its resident set (`after_build`), runs `--steps` steps and reads the process's
-peak resident set (`ru_maxrss`, the kernel's high-water mark; on a CPU every tensor is host
-memory). `step_peak` = peak - after_build is what the steps added on top of the built model
-(activations, logits, gradients, optimizer states made by the first step), measured the same
-way for every contender; the ratio to the loop's is printed and written as JSON to `--out`.
+The contenders are `bench_train.py`'s (our pipeline and plain engines with the config's
+`loss_chunk_tokens`, named `...:config` (null: the fused head, auto-sized), and with each
+`--loss-chunk-tokens N` again, `...:N` (0: the full logits); the eager
+`transformers.GPTNeoXForCausalLM` loop), built from the same config and fed the same batches. Each
+runs in a process of its own (`--child`), so one's memory cannot hide in another's high-water mark:
+it builds its step function, reads its resident set (`after_build`), runs `--steps` steps and reads
+the process's peak resident set (`ru_maxrss`, the kernel's high-water mark; on a CPU every tensor is
+host memory). `step_peak` = peak - after_build is what the steps added on top of the built model
+(activations, logits, gradients, optimizer states made by the first step), measured the same way for
+every contender; the ratio to the loop's is printed and written as JSON to `--out`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def child(args) -> dict:
         step = bench_train.plain_loop(cfg, bf16=precision == "bf16")
     else:
         changes = dict(pipe_parallel_size={"pipeline": 1, "plain": 0}[engine], **sets)
-        if int(chunk):
+        if chunk != "config":  # else the config's own value (null: the fused head, auto-sized)
             changes["loss_chunk_tokens"] = int(chunk)
         step = bench_train.ours(
             bench_train.resolve(args.configs, args.overrides, **changes), batches
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--precisions", default="fp32,bf16")
-    parser.add_argument("--loss-chunk-tokens", type=int, default=0)
+    bench_train.add_loss_chunks_argument(parser)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "train_memory_cpu.json"))
     bench_train.add_vocab_size_argument(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -79,10 +80,10 @@ def main(argv=None) -> int:
         return 0
     runs = []
     for precision in args.precisions.split(","):
-        names = [f"{precision}:{e}:0" for e in ("pipeline", "plain")]
-        if args.loss_chunk_tokens:
-            names += [f"{precision}:{e}:{args.loss_chunk_tokens}" for e in ("pipeline", "plain")]
-        names.append(f"{precision}:loop:0")
+        names = [f"{precision}:{e}:config" for e in ("pipeline", "plain")]
+        for chunk in bench_train.loss_chunks(args):
+            names += [f"{precision}:{e}:{chunk}" for e in ("pipeline", "plain")]
+        names.append(f"{precision}:loop:config")
         for name in names:
             sets = [arg for s in args.overrides for arg in ("--set", s)]
             if args.vocab_size:
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
             runs.append({"contender": name, **json.loads(run.stdout.strip().splitlines()[-1])})
     for run in runs:
         precision = run["contender"].split(":")[0]
-        loop = next(r for r in runs if r["contender"] == f"{precision}:loop:0")
+        loop = next(r for r in runs if r["contender"] == f"{precision}:loop:config")
         run["step_peak_vs_loop"] = run["step_peak"] / loop["step_peak"]
         run["peak_vs_loop"] = run["peak"] / loop["peak"]
         print(

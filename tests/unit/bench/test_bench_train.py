@@ -28,7 +28,7 @@ def test_out_is_the_file_written(tmp_path):
             "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=1"]  # fmt: skip
     command = [sys.executable, "bench/bench_train.py", "configs/small.yml", "--steps", "1",
                "--warmup", "0", "--engines", "plain", "--precisions", "fp32",
-               "--loss-chunk-tokens", "16", "--out", str(out)]  # fmt: skip
+               "--loss-chunk-tokens", "0,16", "--out", str(out)]  # fmt: skip
     command += [arg for s in sets for arg in ("--set", s)]
     env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
     run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -38,6 +38,7 @@ def test_out_is_the_file_written(tmp_path):
     assert result["tokens_per_step"] == 2 * 32 and result["steps"] == 1
     assert [(r["precision"], r["contender"]) for r in result["rows"]] == [
         ("fp32", "ours, plain engine"),
+        ("fp32", "ours, plain engine, loss_chunk_tokens 0"),
         ("fp32", "ours, plain engine, loss_chunk_tokens 16"),
         ("fp32", "plain PyTorch loop, HF GPTNeoXForCausalLM"),
     ]
@@ -51,7 +52,7 @@ def test_memory_bench_measures_each_contender_in_its_own_process(tmp_path):
             "num_attention_heads=4", "seq_length=32", "max_position_embeddings=32",
             "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=1"]  # fmt: skip
     command = [sys.executable, "bench/bench_train_memory.py", "configs/small.yml", "--steps",
-               "1", "--precisions", "fp32", "--loss-chunk-tokens", "16",
+               "1", "--precisions", "fp32", "--loss-chunk-tokens", "0,16",
                "--out", str(out)]  # fmt: skip
     command += [arg for s in sets for arg in ("--set", s)]
     env = {**os.environ, "MASTER_PORT": str(free_port()), "DS_ACCELERATOR": "cpu"}
@@ -59,6 +60,7 @@ def test_memory_bench_measures_each_contender_in_its_own_process(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["contender"] for r in runs] == [
-        "fp32:pipeline:0", "fp32:plain:0", "fp32:pipeline:16", "fp32:plain:16", "fp32:loop:0"
+        "fp32:pipeline:config", "fp32:plain:config", "fp32:pipeline:0", "fp32:plain:0",
+        "fp32:pipeline:16", "fp32:plain:16", "fp32:loop:config",
     ]  # fmt: skip
     assert all(r["peak"] >= r["after_build"] > 0 for r in runs)
