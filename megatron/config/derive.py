@@ -11,6 +11,7 @@ import dataclasses
 
 from megatron.config.config import Config
 from megatron.config.groups.lr import decay_and_warmup_iters
+from megatron.config.groups.model import auto_loss_chunk_tokens, pipeline_bf16
 from megatron.config.groups.mup import read_base_shapes
 from megatron.config.groups.optimizer import (
     NEOX_DEFAULT_LR,
@@ -280,7 +281,23 @@ def derive_model(cfg: Config, sources: dict[str, str], vocab_size: int | None):
         true_vocab_size=true_vocab,
         layer_attention_types=types,
         max_position_embeddings=m.max_position_embeddings or m.seq_length,
+        loss_chunk_tokens=_loss_chunk_tokens(cfg, padded),
     )
+
+
+def _loss_chunk_tokens(cfg: Config, padded_vocab: int | None) -> int:
+    """`loss_chunk_tokens: null` (the fused head and loss on, auto-sized) made a number: 0 for a
+    reward model (a value head, no vocabulary) and for bf16 on the pipeline engine
+    (`pipeline_bf16`), else `auto_loss_chunk_tokens`."""
+    chunk = cfg.model.loss_chunk_tokens
+    if chunk is not None:
+        return chunk
+    if getattr(getattr(cfg, "post_training", None), "train_impl", None) == "rm":
+        return 0
+    if pipeline_bf16(cfg):
+        return 0
+    # (no vocabulary yet: a config resolved without its tokenizer, sized as for a small one)
+    return auto_loss_chunk_tokens(padded_vocab or 0, cfg.parallel.model_parallel_size)
 
 
 def derive(

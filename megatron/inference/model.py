@@ -107,6 +107,12 @@ class InferenceModel:
                 f"vocab_size {vocab_size} (the tokenizer's) must be in 1..{args.vocab_size}, "
                 "the model's padded vocabulary"
             )
+        if args.loss_chunk_tokens:
+            raise ValueError(
+                f"the model was built with loss_chunk_tokens {args.loss_chunk_tokens}: its head "
+                "writes no logits (it hands its inputs to the fused loss); build it from "
+                "inference_config(cfg), which sets loss_chunk_tokens: 0"
+            )
         self.vocab_size = vocab_size  # the real vocabulary: padding rows are never returned
         self.module = module.eval()
         self.args = args

@@ -59,8 +59,8 @@ class WordEmbeddingPipe(nn.Module):
 
     def project_to_vocab(self, hidden: torch.Tensor):
         """Tied head: `(s, b, h)` (or `(s/tp, b, h)` under SP) -> logits `(b, s, V/tp)`; with
-        `loss_chunk_tokens` > 0 the head's inputs `(hidden (s, b, h), table shard (V/tp, h))`
-        instead (`head.py::head_inputs`)."""
+        `loss_chunk_tokens` > 0 the head's inputs `(hidden (s, b, h), table shard (V/tp, h) by
+        reference)` instead (`head.py::head_inputs`)."""
         if self.loss_chunk_tokens:
             if self.mup_readout_mult is not None:
                 hidden = hidden * self.mup_readout_mult

@@ -9,8 +9,8 @@
   logits `(b, s, V/tp)`, `model.loss_fn(logits, (labels, loss_mask))` the loss.
 
 With `loss_chunk_tokens` > 0 the output of either model is the head's inputs
-`(hidden (s, b, h), weight (V/tp, h))` instead of logits, and `loss_fn` computes the head and the
-loss together from them, chunk by chunk (`megatron/model/loss.py`, `head.py`).
+`(hidden (s, b, h), weight (V/tp, h) by reference)` instead of logits, and `loss_fn` computes
+the head and the loss together from them, chunk by chunk (`megatron/model/loss.py`, `head.py`).
 
 Both are built in fp32 on the CPU (the pipeline module then moves itself to the accelerator);
 DeepSpeed casts them for bf16/fp16. Both carry `loss_fn` bound to the tensor-parallel group

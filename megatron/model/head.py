@@ -5,12 +5,17 @@ sharded over the vocabulary, `(b, s, V/tp)`: the loss (`loss.py`) is vocab-paral
 full vocabulary is never gathered.
 
 With `loss_chunk_tokens` > 0 both heads write no logits: they return the head's inputs,
-`(hidden (s, b, h), weight (V/tp, h))` (`head_inputs`), the hidden states already in the
-tensor-parallel region as the column-parallel projection takes them, and the loss computes the
-projection and the cross entropy together a chunk of tokens at a time
-(`megatron/parallel/chunked_cross_entropy.py`). The weight travels as it is, so its gradient
-lands on the head's parameter (the tied table's, which DeepSpeed's tied-weight all-reduce then
-sees on every stage that holds a copy).
+`(hidden (s, b, h), weight (V/tp, h) by reference)` (`head_inputs`), the hidden states already
+in the tensor-parallel region as the column-parallel projection takes them, and the loss
+computes the projection and the cross entropy together a chunk of tokens at a time
+(`megatron/parallel/chunked_cross_entropy.py`). The weight travels by reference, a function
+returning the parameter itself (`head_weight` opens it), so its gradient lands on the head's
+parameter (the tied table's, which DeepSpeed's tied-weight all-reduce then sees on every stage
+that holds a copy). Not as a tensor: ZeRO stage 3's hooks replace every tensor in a module's
+output with a detached alias of it, whose storage is freed when the parameter is partitioned
+again after the forward; a function passes through them untouched, and `head_weight` gathers
+the partitioned parameter for the loss's forward (whose backward needs only the gradients it
+computed there).
 
 A reward model (`train_impl: rm`) ends in `ValueHeadPipe` instead: one scalar per token,
 `(b, s)`, from a `(1, h)` weight without bias, `score.weight` (GPT-NeoX's `rm_linear`,
@@ -47,7 +52,16 @@ def head_inputs(hidden: torch.Tensor, weight: torch.Tensor, tp_group, sequence_p
         hidden = gather_from_sequence_parallel_region(hidden, tp_group)  # (s, b, h)
     else:
         hidden = copy_to_tensor_parallel_region(hidden, tp_group)
-    return hidden, weight
+    return hidden, lambda: weight  # by reference (module docstring)
+
+
+def head_weight(reference) -> torch.Tensor:
+    """The head's weight from `head_inputs`'s reference, gathered if ZeRO stage 3 holds it
+    partitioned (module docstring)."""
+    weight = reference()
+    if getattr(weight, "ds_status", None) is not None and not weight.numel():
+        weight.all_gather(param_list=[weight])
+    return weight
 
 
 class FinalNormPipe(nn.Module):

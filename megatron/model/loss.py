@@ -12,11 +12,12 @@ calls `module.loss_fn(outputs, labels)`; a plain training loop calls
 includes the z-loss term.
 
 With the config's `loss_chunk_tokens` > 0 the model's output is not logits but the head's
-inputs, `(hidden (s, b, h), weight (V/tp, h))` (`megatron/model/head.py`), and `loss_fn` computes
-the same loss from them a chunk of tokens at a time (`linear_cross_entropy`), never holding the
-tokens × vocabulary logits: same cross entropy over the true vocabulary, same z-loss, same
-loss-mask average. The tensor type of the output says which path a call takes; the model's
-heads decide it from `loss_chunk_tokens`, once, when it is built.
+inputs, `(hidden (s, b, h), the weight (V/tp, h) by reference)` (`megatron/model/head.py`),
+and `loss_fn` computes the same loss from them a chunk of tokens at a time
+(`linear_cross_entropy`), never holding the tokens × vocabulary logits: same cross entropy
+over the true vocabulary, same z-loss, same loss-mask average. The type of the output says
+which path a call takes; the model's heads decide it from `loss_chunk_tokens`, once, when it is
+built.
 
 GPT-NeoX's `z_loss` key exists only for its reward-model objective (`train_impl: rm`), where it
 squares the rewards; for language-model training it has no effect there. Here the key is the
@@ -30,8 +31,10 @@ import functools
 
 import torch
 
+from megatron.config.groups.model import LOSS_CHUNK_TOKENS_MAX
+from megatron.model.head import head_weight
 from megatron.parallel import vocab_parallel_cross_entropy
-from megatron.parallel.chunked_cross_entropy import DEFAULT_CHUNK_TOKENS, linear_cross_entropy
+from megatron.parallel.chunked_cross_entropy import linear_cross_entropy
 
 
 def _masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -44,7 +47,7 @@ def _fused_loss(
     head_inputs, targets, loss_mask, *, tp_group, z_loss, vocab_size, chunk_tokens
 ) -> torch.Tensor:
     """`loss_fn` from the head's inputs (module docstring), chunk by chunk."""
-    hidden, weight = head_inputs  # (s, b, h), (V/tp, h)
+    hidden, weight_reference = head_inputs  # (s, b, h), the (V/tp, h) weight by reference
     # Tokens in the hidden states' (s, b) order: the labels are small, the hidden states not.
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # (s*b, h)
     mask = loss_mask.t().reshape(-1).float()  # (s*b,)
@@ -52,7 +55,7 @@ def _fused_loss(
     weights = mask / torch.where(total > 0, total, 1.0)
     return linear_cross_entropy(
         flat_hidden,
-        weight,
+        head_weight(weight_reference),
         targets.t().reshape(-1),
         weights,
         z_weights=z_loss * weights if z_loss else None,
@@ -70,7 +73,7 @@ def loss_fn(
     z_loss: float = 0.0,
     vocab_size: int | None = None,
     consume: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int = LOSS_CHUNK_TOKENS_MAX,
 ) -> torch.Tensor:
     """Masked mean cross entropy (plus the z-loss term when `z_loss` > 0).
 
@@ -122,7 +125,7 @@ def bound_loss_fn(
     tp_group=None,
     z_loss: float = 0.0,
     vocab_size: int | None = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int = LOSS_CHUNK_TOKENS_MAX,
 ):
     """`loss_fn` with its tensor-parallel group, z-loss coefficient, true vocabulary and fused
     chunk size bound (keeps `__name__` for DeepSpeed's log). It consumes the logits, as the
@@ -134,6 +137,6 @@ def bound_loss_fn(
         z_loss=z_loss,
         vocab_size=vocab_size,
         consume=True,
-        chunk_tokens=chunk_tokens or DEFAULT_CHUNK_TOKENS,
+        chunk_tokens=chunk_tokens or LOSS_CHUNK_TOKENS_MAX,
     )
     return functools.update_wrapper(bound, loss_fn)

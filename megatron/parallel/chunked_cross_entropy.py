@@ -70,11 +70,6 @@ import torch
 from megatron.parallel.comm import all_reduce, group_rank, group_size
 from megatron.parallel.cross_entropy import token_columns
 
-DEFAULT_CHUNK_TOKENS = 1024
-"""Tokens per chunk when the caller names none: at a 50k vocabulary one chunk's fp32 logits
-are 206 MB (a 16k-token micro-batch's are 3.3 GB), and the chunk's matrix multiplies
-(1024 x h x V/tp) are large enough to run at the matmul's full speed on a CPU or a GPU."""
-
 
 def _chunk_loss(
     logits: torch.Tensor, target, group, start: int, real: int, vocab_size: int, eps: float
@@ -210,7 +205,7 @@ def linear_cross_entropy(
     tp_group=None,
     label_smoothing: float = 0.0,
     vocab_size: int | None = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int,
 ) -> torch.Tensor:
     """Weighted cross entropy (and z-loss) of `hidden @ weight.T`, a chunk at a time.
 
@@ -326,7 +321,7 @@ def linear_log_probs(
     *,
     tp_group=None,
     vocab_size: int | None = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int,
 ) -> torch.Tensor:
     """`(tokens,)` log p(target) under the logits `hidden @ weight.T` (the true vocabulary's
     softmax), a chunk at a time, fp32: the preference objectives' per-token log-probabilities

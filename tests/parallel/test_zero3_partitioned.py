@@ -3,7 +3,7 @@
 of every parameter, the gathered values are those of the model built without ZeRO-3 (fp32,
 and bf16 as the engine casts it), and training losses equal ZeRO 0 even when every parameter,
 the tied embedding included, is released between uses (`stage3_param_persistence_threshold`
-0)."""
+0), with the full logits and with the fused head and loss."""
 
 from __future__ import annotations
 
@@ -76,11 +76,24 @@ def _losses(rank, world_size, runs):
 
 
 def test_zero3_partitioned_losses_equal_zero0(tmp_path):
+    """Also with the fused head and loss (`loss_chunk_tokens`), whose loss runs after the
+    model's forward, where ZeRO-3 has partitioned the head's weight again (the tied table's
+    after the embedding's forward, the untied head's after the head's): the loss gathers it
+    (`megatron/model/head.py::head_weight`), and the losses equal the unfused ZeRO-0 run's,
+    tied and untied."""
+    unfused = dict(loss_chunk_tokens=0)
+    fused = dict(loss_chunk_tokens=16)  # 4 chunks of a 64-token micro-batch
     runs = [
-        _plain(tmp_path / "zero0", zero_optimization={"stage": 0}),
-        _plain(tmp_path / "zero3", zero_optimization=ZERO3),
+        _plain(tmp_path / "zero0", zero_optimization={"stage": 0}, **unfused),
+        _plain(tmp_path / "zero3", zero_optimization=ZERO3, **unfused),
+        _plain(tmp_path / "zero3_fused", zero_optimization=ZERO3, **fused),
+        _plain(tmp_path / "zero0_untied", no_weight_tying=True, **unfused),
+        _plain(tmp_path / "zero3_untied", zero_optimization=ZERO3, no_weight_tying=True, **fused),
     ]
-    zero0, zero3 = run_distributed(_losses, 2, runs)[0]
+    zero0, zero3, zero3_fused, zero0_untied, zero3_untied = run_distributed(_losses, 2, runs)[0]
     assert len(zero0) == 6
     assert zero3 == pytest.approx(zero0, abs=1e-5)
+    assert zero3_fused == pytest.approx(zero0, abs=1e-5)
+    assert zero3_untied == pytest.approx(zero0_untied, abs=1e-5)
+    assert zero0_untied != pytest.approx(zero0, abs=1e-3)  # the untied runs are another model
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -13,7 +13,7 @@ from megatron.config.config import Config
 from megatron.config.groups.checkpointing import parse_checkpoint_keep
 from megatron.config.groups.logging import validate_profiling
 from megatron.config.groups.lr import check_cycle_keys
-from megatron.config.groups.model import heads_split_hidden
+from megatron.config.groups.model import heads_split_hidden, pipeline_bf16
 from megatron.config.groups.moe import validate_moe
 from megatron.config.groups.mup import validate_mup
 from megatron.config.groups.optimizer import OPTIMIZER_TYPES
@@ -45,7 +45,7 @@ def _validate_attention_variants(m, sources: dict[str, str]) -> None:
 
 def _validate_loss_chunks(cfg: Config, sources: dict[str, str]) -> None:
     """`loss_chunk_tokens` (the fused head and loss): >= 0, and only where it takes effect."""
-    chunk = cfg.model.loss_chunk_tokens
+    chunk = cfg.model.loss_chunk_tokens or 0  # null: auto, made a number by `derive.py`
     where = _src(sources, "loss_chunk_tokens")
     if chunk < 0:
         raise ConfigError(f"loss_chunk_tokens{where} must be >= 0 (0: off), got {chunk}")
@@ -57,11 +57,12 @@ def _validate_loss_chunks(cfg: Config, sources: dict[str, str]) -> None:
             f"loss_chunk_tokens{where} fuses the vocabulary head with the loss; train_impl: rm "
             "ends in a value head, which has no vocabulary: set loss_chunk_tokens: 0"
         )
-    if cfg.parallel.zero_stage == 3:
+    if pipeline_bf16(cfg):
         raise ConfigError(
-            f"loss_chunk_tokens{where} hands the head's weight to the loss, after the head's "
-            "forward, where ZeRO stage 3 has partitioned it again: set loss_chunk_tokens: 0 "
-            "or a ZeRO stage below 3"
+            f"loss_chunk_tokens{where}: the fused head and loss is not available for bf16 on the "
+            "pipeline engine (DeepSpeed's bf16 optimizer there does not update the head's "
+            "weight from its gradient); set loss_chunk_tokens: 0 (or leave it null), or "
+            "pipe_parallel_size: 0 for the plain engine"
         )
 
 

@@ -7,6 +7,33 @@ from typing import Any, Literal
 
 from megatron.config.schema import derived
 
+LOSS_CHUNK_TOKENS_MAX = 1024
+"""The fused head's chunk (`loss_chunk_tokens`) where the vocabulary allows: at a 50k vocabulary
+one chunk's fp32 logits are 206 MB (a 16k-token micro-batch's are 3.3 GB), and the chunk's
+matrix multiplies (1024 × h × V/tp) are large enough to run at the matmul's full speed on a
+CPU or a GPU."""
+LOSS_CHUNK_LOGITS_BYTES = 256 * 2**20  # one chunk's fp32 logits at most, for the auto size
+
+
+def auto_loss_chunk_tokens(padded_vocab_size: int, tp: int) -> int:
+    """`loss_chunk_tokens: null`'s size: the largest power of two up to `LOSS_CHUNK_TOKENS_MAX`
+    whose fp32 chunk of logits (tokens × padded vocabulary / tp × 4 bytes) fits in
+    `LOSS_CHUNK_LOGITS_BYTES`, and at least 128 tokens."""
+    chunk = LOSS_CHUNK_TOKENS_MAX
+    while chunk > 128 and chunk * (padded_vocab_size // tp) * 4 > LOSS_CHUNK_LOGITS_BYTES:
+        chunk //= 2
+    return chunk
+
+
+def pipeline_bf16(cfg) -> bool:
+    """bf16 on DeepSpeed's pipeline engine, where the fused head and loss is off: there
+    DeepSpeed's `BF16_Optimizer` never updated the head's weight from the gradient the fused
+    loss hands back (the step's gradient norm lacked it and the weight stayed as initialised,
+    tied or untied, ZeRO 0 or 1), where the plain engine's bf16 optimizers and fp32 on both
+    engines update it as from the full logits."""
+    return cfg.precision.dtype == "bf16" and bool(cfg.parallel.pipe_parallel_size)
+
+
 InitMethod = Literal[
     "normal",
     "scaled_normal",
@@ -189,24 +216,27 @@ class ModelConfig:
     `train_impl: rm` it is GPT-NeoX's reward penalty instead, `z_loss × mean(r_chosen² +
     r_rejected²)` (`megatron/training/objectives/rm.py`)."""
 
-    loss_chunk_tokens: int = 0
+    loss_chunk_tokens: int | None = None
     """Compute the output head and the language-model loss together, this many tokens at a
     time, so that no tokens × vocabulary logits tensor is ever written: each chunk's logits,
     its cross entropy (and z-loss) and at once its gradient of the hidden states and of the
-    head weight, then the next chunk (`megatron/parallel/chunked_cross_entropy.py`). The head's
-    FLOPs are the unfused head's; memory drops by the logits, their fp32 softmax and their
-    gradient (tokens × padded vocabulary / tp each). 1024 suits a 50k-150k vocabulary on a CPU
-    or a GPU (one chunk's fp32 logits: 1024 × V/tp × 4 bytes). 0: off, the head writes the full
-    logits and the loss reads them (`megatron/parallel/cross_entropy.py`). DPO and KTO take
-    their log-probabilities (policy and reference) the same way, their backward recomputing
-    each chunk's logits (one more head matmul). In fp16 the language-model loss makes the
-    logits' gradient in the forward, before the loss scale: each chunk's is lifted by a power of
-    two into fp16's range for the fp16 matmuls, and both gradients are held in fp32 until the
-    loss scale multiplies them (the hidden states' adds tokens × h × 2 bytes over an fp16 one),
-    so an overflow reaches the dynamic loss scaler as on the unfused path. Not with `train_impl:
-    rm` (a value head) or ZeRO stage 3 (whose partitioned head weight is gathered only inside
-    the head's forward); those refuse a value > 0. Evaluation losses take the same path;
-    generation and the other tools write logits."""
+    head weight, then the next chunk (`megatron/parallel/chunked_cross_entropy.py`). The same
+    loss and gradients as the full logits, and the head's FLOPs are the unfused head's; memory
+    drops by the logits, their fp32 softmax and their gradient (tokens × padded vocabulary / tp
+    each). null (the default): on, with `auto_loss_chunk_tokens`'s size, 1024 tokens or fewer
+    so that one chunk's fp32 logits stay within 256 MiB (1024 at GPT-2's 50k vocabulary, 256 at
+    Qwen3's 152k on one tensor-parallel rank); off for `train_impl: rm`, which ends in a value
+    head, and for bf16 on the pipeline engine (`pipeline_bf16`), which refuses a value > 0. 0:
+    off, the head writes the full logits and the loss reads them
+    (`megatron/parallel/cross_entropy.py`). DPO and KTO take their log-probabilities (policy
+    and reference) the same way, their backward recomputing each chunk's logits (one more head
+    matmul). In fp16 the language-model loss makes the logits' gradient in the forward, before
+    the loss scale: each chunk's is lifted by a power of two into fp16's range for the fp16
+    matmuls, and both gradients are held in fp32 until the loss scale multiplies them (the
+    hidden states' adds tokens × h × 2 bytes over an fp16 one), so an overflow reaches the
+    dynamic loss scaler as on the unfused path. Under ZeRO stage 3 the loss gathers the head's
+    partitioned weight itself. `train_impl: rm` refuses a value > 0. Evaluation losses take the
+    same path; generation and the other tools write logits."""
 
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (activation checkpointing)."""

@@ -74,7 +74,7 @@ def startup_report(
             "start-up report",
             f"  model: {parameters:,} parameters ({_num(parameters)}), {m.num_layers} layers, "
             f"hidden {m.hidden_size}, {m.num_attention_heads} heads, seq {m.seq_length}, "
-            f"vocab {m.padded_vocab_size}",
+            f"vocab {m.padded_vocab_size}; {_head_and_loss(cfg)}",
             f"  FLOPs per token (model FLOPs): {_flops_per_token(work)}; per step "
             f"{_num(work.flops)}; "
             + peak_description(cfg.precision.dtype, cfg.logging.peak_theoretical_tflops),
@@ -101,6 +101,16 @@ def startup_report(
         )
         + ([f"  resume: {layout_notice}"] if layout_notice else [])
     )
+
+
+def _head_and_loss(cfg) -> str:
+    """How the output head meets the loss (`loss_chunk_tokens`)."""
+    m = cfg.model
+    if getattr(cfg.post_training, "train_impl", None) == "rm":
+        return "value head (train_impl: rm)"
+    if m.loss_chunk_tokens:
+        return f"head and loss fused, {m.loss_chunk_tokens} tokens a chunk (loss_chunk_tokens)"
+    return "full logits (loss_chunk_tokens: 0)"
 
 
 def _validation_line(t, valid_samples: int | None) -> list[str]:

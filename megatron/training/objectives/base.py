@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from megatron.parallel.chunked_cross_entropy import DEFAULT_CHUNK_TOKENS
+from megatron.config.groups.model import LOSS_CHUNK_TOKENS_MAX
 from megatron.parallel.comm import all_reduce
 from megatron.parallel.host_values import collective_device, world_group
 
@@ -100,7 +100,7 @@ class Objective:
         self.vocab_size = getattr(getattr(cfg, "model", None), "true_vocab_size", None)
         # Tokens per chunk where the model hands over the head's inputs (`loss_chunk_tokens`).
         chunk = getattr(getattr(cfg, "model", None), "loss_chunk_tokens", 0)
-        self.chunk_tokens = chunk or DEFAULT_CHUNK_TOKENS
+        self.chunk_tokens = chunk or LOSS_CHUNK_TOKENS_MAX
         self.metrics = MetricSums(self.metric_names)
 
     @property

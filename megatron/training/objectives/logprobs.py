@@ -9,8 +9,8 @@ log-probabilities either come from a reference model's logits through the same f
 from the sample (`ref`, `pos_ref`, `neg_ref`: float per-token values aligned with the text,
 of which the last is dropped exactly as the last token is).
 
-With `loss_chunk_tokens` > 0 the model hands over the head's inputs `(hidden (s, b, h),
-weight)` instead of logits (`megatron/model/head.py`); `sequence_logps` then takes the
+With `loss_chunk_tokens` > 0 the model hands over the head's inputs `(hidden (s, b, h), the
+weight by reference)` instead of logits (`megatron/model/head.py`); `sequence_logps` then takes the
 per-token log-probabilities from `linear_log_probs`, a chunk of tokens at a time, without the
 logits (its backward recomputes each chunk's logits).
 """
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from megatron.config.groups.model import LOSS_CHUNK_TOKENS_MAX
+from megatron.model.head import head_weight
 from megatron.parallel import vocab_parallel_cross_entropy
-from megatron.parallel.chunked_cross_entropy import DEFAULT_CHUNK_TOKENS, linear_log_probs
+from megatron.parallel.chunked_cross_entropy import linear_log_probs
 
 
 def sequence_logps(
@@ -31,7 +33,7 @@ def sequence_logps(
     fp32: bool = True,
     vocab_size: int | None = None,
     consume: bool = False,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int = LOSS_CHUNK_TOKENS_MAX,
 ) -> torch.Tensor:
     """`(b,)` sum over masked tokens of log p(label) under `(b, s, V/tp)` logits, in fp32
     (fp64 for fp64 logits), over the first `vocab_size` columns (None: all).
@@ -41,23 +43,20 @@ def sequence_logps(
     nothing reads the logits after this call, so their memory takes the softmax and then the
     gradient (`vocab_parallel_cross_entropy`'s `consume_logits`), not a new logits-sized
     buffer: the objectives' training losses, which the engines hand the model's output.
-    `logits` may instead be the head's inputs `(hidden (s, b, h), weight (V/tp, h))` (module
-    docstring), taken `chunk_tokens` tokens at a time."""
+    `logits` may instead be the head's inputs `(hidden (s, b, h), weight (V/tp, h) by
+    reference)` (module docstring), taken `chunk_tokens` tokens at a time."""
     if isinstance(logits, tuple):
-        hidden, weight = logits
+        hidden, weight_reference = logits
         dtype = hidden.dtype
-        token_logps = (
-            linear_log_probs(
-                hidden.reshape(-1, hidden.shape[-1]),  # (s*b, h)
-                weight,
-                labels.t().reshape(-1),
-                tp_group=tp_group,
-                vocab_size=vocab_size,
-                chunk_tokens=chunk_tokens,
-            )
-            .view(labels.shape[1], labels.shape[0])
-            .t()
-        )  # (b, s)
+        token_logps = linear_log_probs(
+            hidden.reshape(-1, hidden.shape[-1]),  # (s*b, h)
+            head_weight(weight_reference),
+            labels.t().reshape(-1),
+            tp_group=tp_group,
+            vocab_size=vocab_size,
+            chunk_tokens=chunk_tokens,
+        )
+        token_logps = token_logps.view(labels.shape[1], labels.shape[0]).t()  # (b, s)
     else:
         dtype = logits.dtype
         token_logps = -vocab_parallel_cross_entropy(

@@ -87,7 +87,8 @@ def test_heads_need_not_split_the_width_when_no_layer_attends(write):
     which GPT-NeoX allows when the model has Mamba layers; with an attention layer beside them
     the heads split the width again."""
     heads = ["num_attention_heads=12"]  # MINIMAL's hidden_size is 64
-    cfg = _load(write, 'attention_config: [[["mamba"], 2]]\n', overrides=heads, vocab_size=64)
+    text = 'attention_config: [[["mamba"], 2]]\nloss_chunk_tokens: 0\n'  # the logits, read below
+    cfg = _load(write, text, overrides=heads, vocab_size=64)
     args = ModelArgs.from_config(cfg)
     tokens = torch.randint(0, 64, (2, 8))
     logits = build_gpt(args)(tokens, torch.arange(8).expand(2, -1))

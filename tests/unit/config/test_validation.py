@@ -238,8 +238,9 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
     [
         ("loss_chunk_tokens: -1\n", r"loss_chunk_tokens \(.*bad.yml\) must be >= 0"),
         (
-            "loss_chunk_tokens: 512\npipe_parallel_size: 0\nzero_optimization: {stage: 3}\n",
-            r"loss_chunk_tokens \(.*bad.yml\) .*ZeRO stage 3",
+            "loss_chunk_tokens: 512\nprecision: bf16\npipe_parallel_size: 1\n",
+            r"loss_chunk_tokens \(.*bad.yml\): .* bf16 on the pipeline engine .*"
+            r"set loss_chunk_tokens: 0 .*pipe_parallel_size: 0",
         ),
         (
             "loss_chunk_tokens: 512\ntrain_impl: rm\n",
@@ -250,6 +251,32 @@ def test_bf16_pipeline_without_zero_warns_and_keeps_bf16_accumulation(write):
 def test_loss_chunk_tokens_is_refused_where_it_would_not_apply(write, text, message):
     with pytest.raises(ConfigError, match=message):
         _load(write, text, vocab_size=100)
+
+
+@pytest.mark.parametrize(
+    "text, chunk",
+    [
+        ("", 1024),  # on by default: 1024 tokens of a 128-row (padded) vocabulary
+        ("pipe_parallel_size: 0\nzero_optimization: {stage: 3}\n", 1024),  # ZeRO 3 too
+        ("loss_chunk_tokens: 0\n", 0),  # off
+        ("precision: bf16\npipe_parallel_size: 1\n", 0),  # off: bf16 on the pipeline engine
+        ("precision: bf16\npipe_parallel_size: 0\n", 1024),  # on: bf16 on the plain engine
+        ("loss_chunk_tokens: 96\n", 96),  # as set
+    ],
+)
+def test_loss_chunk_tokens_defaults_on(write, text, chunk):
+    cfg = _load(write, text, vocab_size=100)
+    assert cfg.model.loss_chunk_tokens == chunk
+
+
+def test_loss_chunk_tokens_default_follows_the_vocabulary(write):
+    """256 MiB of fp32 logits a chunk at most: Qwen3's 151,936 rows take 256-token chunks on
+    one tensor-parallel rank and 512 on two (a power of two, written out here)."""
+    assert _load(write, "", vocab_size=151_936).model.loss_chunk_tokens == 256
+    tp2 = _load(write, "model_parallel_size: 2\n", vocab_size=151_936, world_size=2)
+    assert tp2.model.loss_chunk_tokens == 512
+    assert 512 * (tp2.model.padded_vocab_size // 2) * 4 <= 256 * 2**20
+    assert 1024 * (tp2.model.padded_vocab_size // 2) * 4 > 256 * 2**20
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])

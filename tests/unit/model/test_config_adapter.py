@@ -42,6 +42,7 @@ def test_llama_style_config_builds_the_llama_architecture():
             "attention_config": [[["global", "flash"], 1]],
             "scaled_upper_triang_masked_softmax_fusion": True,
             "seed": 99,
+            "loss_chunk_tokens": 0,  # the logits, read below
         },
         world_size=1,
         vocab_size=100,

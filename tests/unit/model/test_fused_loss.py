@@ -100,7 +100,7 @@ def test_heads_hand_their_own_weight_to_the_loss(kind):
     name = "tied_modules.embed.word_embeddings.weight" if kind == "tied" else None
     params = dict(model.named_parameters())
     head = params[name] if name else next(p for n, p in params.items() if "final_linear" in n)
-    assert weight is head
+    assert weight() is head
 
 
 @pytest.mark.parametrize("kind", ["tied", "untied"])

@@ -185,7 +185,7 @@ def test_fp16_gradients_overflow_at_a_loss_scale_too_large_as_the_unfused_heads_
     (2.0**40 * (ce * weights).sum()).backward()
     hidden.requires_grad_()
     weight.requires_grad_()
-    loss = linear_cross_entropy(hidden, weight, target, weights, vocab_size=500)
+    loss = linear_cross_entropy(hidden, weight, target, weights, vocab_size=500, chunk_tokens=8)
     (2.0**40 * loss).backward()
     for fused, unfused in ((hidden.grad, h_ref.grad), (weight.grad, w_ref.grad)):
         assert not torch.isfinite(unfused).all()
@@ -208,7 +208,7 @@ def test_a_second_backward_is_refused():
     hidden, weight, mask, gen = _batch(torch.float32, seed=6)
     target = torch.randint(0, PADDED, (TOKENS,), generator=gen)
     hidden.requires_grad_()
-    loss = linear_cross_entropy(hidden, weight, target, mask / mask.sum())
+    loss = linear_cross_entropy(hidden, weight, target, mask / mask.sum(), chunk_tokens=8)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
@@ -219,9 +219,11 @@ def test_no_grad_gives_the_loss_alone():
     target = torch.randint(0, 33, (TOKENS,), generator=gen)
     weights = mask / mask.sum()
     hidden.requires_grad_()
-    with_grad = linear_cross_entropy(hidden, weight, target, weights, vocab_size=33)
+    with_grad = linear_cross_entropy(hidden, weight, target, weights, vocab_size=33, chunk_tokens=8)
     with torch.no_grad():
-        without = linear_cross_entropy(hidden, weight, target, weights, vocab_size=33)
+        without = linear_cross_entropy(
+            hidden, weight, target, weights, vocab_size=33, chunk_tokens=8
+        )
     assert without.grad_fn is None
     assert torch.equal(with_grad.detach(), without)
 
@@ -237,7 +239,7 @@ def test_no_grad_gives_the_loss_alone():
 )
 def test_invalid_arguments_raise(change, message):
     hidden, weight, mask, _ = _batch(torch.float32)
-    kwargs = dict(target=torch.zeros(TOKENS, dtype=torch.long))
+    kwargs = dict(target=torch.zeros(TOKENS, dtype=torch.long), chunk_tokens=8)
     kwargs.update(change)
     target = kwargs.pop("target")
     with pytest.raises(ValueError, match=message):

@@ -36,7 +36,9 @@ def import_and_read(hf, folder, ep: int = 1):
     import_hf(folder / "hf", folder / "ours", tp=2, pp=2, ep=ep)
     reader = CheckpointReader(folder / "ours")
     assert (reader.layout.tp, reader.layout.pp) == (2, 2)
-    ours = build_gpt(dataclasses.replace(reader.args, pipe_parallel_size=0)).eval()
+    # the logits, compared with transformers'
+    ours = build_gpt(dataclasses.replace(reader.args, pipe_parallel_size=0, loss_chunk_tokens=0))
+    ours = ours.eval()
     load_full_state_dict(ours, reader.state_dict())
     return ours, reader
 

@@ -19,12 +19,14 @@ def _precompute(rank, world_size, settings, prefix):
 
     from megatron.data.indexed_dataset import MMapIndexedDataset
     from megatron.inference import InferenceModel
+    from megatron.inference.model import inference_config
     from megatron.inference.precompute import precompute_dataset, scored_prefixes
     from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
     from megatron.parallel.random import seed_everything
 
-    cfg = resolve(settings, world_size, vocab_size=HF_VOCAB)
+    # the model as generate.py builds it: a head that writes logits
+    cfg = inference_config(resolve(settings, world_size, vocab_size=HF_VOCAB))
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
     module = build_model(cfg, topology)  # the same seeded full weights on every rank

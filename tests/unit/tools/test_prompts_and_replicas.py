@@ -41,11 +41,13 @@ def _replicas(rank, world_size, settings):
     from megatron.data import build_tokenizer
     from megatron.evaluation.adapter import MegatronLM
     from megatron.inference import InferenceModel, SamplingSettings
+    from megatron.inference.model import inference_config
     from megatron.inference.text import Interactive, run_prompts
     from megatron.launcher.worker import initialize_distributed
     from megatron.model import build_model
 
-    cfg = resolve(settings, world_size, vocab_size=HF_VOCAB)
+    # the model as generate.py builds it: a head that writes logits
+    cfg = inference_config(resolve(settings, world_size, vocab_size=HF_VOCAB))
     topology = initialize_distributed(cfg)
     module = build_model(cfg, topology)  # the same seeded weights on both replicas
     tokenizer = build_tokenizer(cfg)

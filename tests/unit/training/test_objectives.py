@@ -203,7 +203,8 @@ def _tiny_model_logits(seed):
     from megatron.model import build_model
 
     torch.manual_seed(seed)
-    cfg = _cfg(seq_length=8, max_position_embeddings=8)
+    # the logits: the tests differentiate the objectives through them
+    cfg = _cfg(seq_length=8, max_position_embeddings=8, loss_chunk_tokens=0)
     model = build_model(cfg)
     model.float()
     return model, cfg

@@ -47,6 +47,20 @@ def test_startup_report_has_the_arithmetic(make_config):
     assert "FLOPs per token (model FLOPs): training 835.58K; per step 106.95M;" in text
     assert "MFU against 312 TFLOP/s per device (peak_theoretical_tflops)" in text
     assert "; optimizer Adam; backend gloo\n" in text  # the one in use, whatever the config says
+    # the fused head and loss, on by default: 1024 tokens a chunk of the 128-row vocabulary
+    assert "vocab 128; head and loss fused, 1024 tokens a chunk (loss_chunk_tokens)\n" in text
+
+
+def test_startup_report_names_full_logits(make_config):
+    text = startup_report(
+        make_config(loss_chunk_tokens=0),
+        SimpleNamespace(world_size=1, dp_size=1, tp_size=1),
+        parameters=1,
+        work=StepWork(4, 1, 32, training_flops_per_token=1.0),
+        train_iters=2,
+        dataset_sizes={"train": 10},
+    )
+    assert "; full logits (loss_chunk_tokens: 0)\n" in text
 
 
 def test_a_pairwise_run_with_a_reference_names_the_pairs_and_the_reference_forward(make_config):
