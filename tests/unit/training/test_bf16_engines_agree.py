@@ -29,9 +29,11 @@ def _train(folder, **layout):
     from megatron.training.setup.engine import build_engine
     from megatron.training.step.steps import engine_steps
 
+    # loss_chunk_tokens 0: the full logits on both engines (bf16's default differs between
+    # them, `megatron/config/groups/model.py::pipeline_bf16`), so only the engines differ
     settings = tiny_settings(folder, save=None, load=None, train_iters=STEPS, precision="bfloat16",
                              gradient_accumulation_steps=4, hidden_dropout=0.0,
-                             attention_dropout=0.0, **layout)  # fmt: skip
+                             attention_dropout=0.0, loss_chunk_tokens=0, **layout)  # fmt: skip
     cfg = resolve(settings, 1)
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
