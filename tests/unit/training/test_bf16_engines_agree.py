@@ -19,7 +19,7 @@ from tests.tiny import resolve, tiny_settings
 STEPS = 20
 
 
-def _train(folder, **layout):
+def _train(folder, loss_chunk_tokens=0, **layout):
     """(losses of `STEPS` steps, the wrapped optimizer's Adam step count after them)."""
     from megatron.data import build_tokenizer
     from megatron.launcher.worker import initialize_distributed
@@ -33,7 +33,8 @@ def _train(folder, **layout):
     # them, `megatron/config/groups/model.py::pipeline_bf16`), so only the engines differ
     settings = tiny_settings(folder, save=None, load=None, train_iters=STEPS, precision="bfloat16",
                              gradient_accumulation_steps=4, hidden_dropout=0.0,
-                             attention_dropout=0.0, loss_chunk_tokens=0, **layout)  # fmt: skip
+                             attention_dropout=0.0, loss_chunk_tokens=loss_chunk_tokens,
+                             **layout)  # fmt: skip
     cfg = resolve(settings, 1)
     topology = initialize_distributed(cfg)
     seed_everything(cfg.training.seed)
@@ -53,6 +54,9 @@ def _both_engines(rank, world_size, folder):
         for zero in (0, 1):
             layout = dict(pipe_parallel_size=pp, zero_optimization={"stage": zero})
             out[pp, zero] = _train(f"{folder}/{pp}_{zero}", **layout)
+    for zero in (0, 1):  # the plain engine's default in bf16: the fused head and loss
+        layout = dict(pipe_parallel_size=0, zero_optimization={"stage": zero})
+        out["fused", zero] = _train(f"{folder}/fused_{zero}", loss_chunk_tokens=16, **layout)
     return out
 
 
@@ -71,6 +75,15 @@ def test_zero0_plain_and_pipeline_engines_agree_to_bf16_rounding(trained):
     plain, pipeline = trained[0, 0][0], trained[1, 0][0]
     assert plain[:2] == pipeline[:2]  # the first update is the same
     assert plain == pytest.approx(pipeline, abs=1e-3, rel=0)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_fused_head_trains_as_the_full_logits_on_the_plain_engine(trained, zero):
+    """DeepSpeed's bf16 optimizers receive the head's gradient from the fused loss (on the
+    pipeline engine `BF16_Optimizer` lost it, `pipeline_bf16`): the same losses to bf16's
+    rounding."""
+    fused, full = trained["fused", zero][0], trained[0, zero][0]
+    assert fused == pytest.approx(full, abs=2e-3, rel=0)
 
 
 def test_every_optimizer_counts_only_the_steps_it_took(trained):
