@@ -14,8 +14,8 @@ parameter (the tied table's, which DeepSpeed's tied-weight all-reduce then sees 
 that holds a copy). Not as a tensor: ZeRO stage 3's hooks replace every tensor in a module's
 output with a detached alias of it, whose storage is freed when the parameter is partitioned
 again after the forward; a function passes through them untouched, and `head_weight` gathers
-the partitioned parameter for the loss's forward (whose backward needs only the gradients it
-computed there).
+the partitioned parameter for the loss, where it stays until DeepSpeed releases it after its
+module's backward (DPO/KTO's backward recomputes the logits from it).
 
 A reward model (`train_impl: rm`) ends in `ValueHeadPipe` instead: one scalar per token,
 `(b, s)`, from a `(1, h)` weight without bias, `score.weight` (GPT-NeoX's `rm_linear`,

@@ -29,8 +29,11 @@ def pipeline_bf16(cfg) -> bool:
     """bf16 on DeepSpeed's pipeline engine, where the fused head and loss is off: there
     DeepSpeed's `BF16_Optimizer` never updated the head's weight from the gradient the fused
     loss hands back (the step's gradient norm lacked it and the weight stayed as initialised,
-    tied or untied, ZeRO 0 or 1), where the plain engine's bf16 optimizers and fp32 on both
-    engines update it as from the full logits."""
+    tied or untied, ZeRO 0 or 1). The loss hands it straight to the parameter, which autograd
+    accumulates first; on that engine the hooks DeepSpeed's forward puts on the model's outputs
+    run later and start the optimizer's backward prologue, which clears the parameters'
+    gradients. The plain engine's bf16 optimizers (`tests/unit/training/
+    test_bf16_engines_agree.py`) and fp32 on both engines keep it."""
     return cfg.precision.dtype == "bf16" and bool(cfg.parallel.pipe_parallel_size)
 
 
